@@ -1,0 +1,205 @@
+"""Run-folder layout, atomic writes, hashes, the run manifest and the run lock.
+
+Layout of a run folder (`runs/<model>-<recipe>/`):
+
+    manifest.json        written last by every stage (atomic); stage keys, hashes, versions
+    .lock                pid of the process that owns the folder while it runs
+    calibrate/           calibration.safetensors (token ids) + calibration.json
+    quantize/            the compressed checkpoint as the engine saved it
+    export/              the vLLM-loadable checkpoint + recipe.yaml + manifest.json
+    eval/                eval.json + eval.md
+    gate/                gate.json + gate.md
+
+A stage's folder is built under a temporary name and renamed into place only when complete,
+so a crash never leaves a folder that looks finished; the manifest entry that marks a stage
+done is written after the rename and lists the sha256 of every file in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from quantize.errors import ExportError, LockedError
+
+MANIFEST = "manifest.json"
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def tmp_dir_for(final: Path) -> Path:
+    return final.parent / f".{final.name}.partial"
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """Yield an empty temporary folder; on success it replaces `final`, on error it is removed.
+
+    A leftover `.NAME.partial` from a killed run is deleted first: never reused.
+    """
+    tmp = tmp_dir_for(final)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for f in tmp.rglob("*"):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    if final.exists():
+        old = final.parent / f".{final.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(final.parent)
+
+
+def hash_tree(folder: Path) -> dict[str, str]:
+    """sha256 of every file under `folder`, keyed by its relative POSIX path."""
+    return {
+        p.relative_to(folder).as_posix(): sha256_file(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def check_tree(folder: Path, expected: dict[str, str], what: str) -> None:
+    """Refuse a folder whose files are missing, extra, truncated or changed."""
+    if not folder.is_dir():
+        raise ExportError(f"{what}: {folder} is missing; re-run the stage that makes it")
+    actual = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    missing = sorted(set(expected) - actual)
+    if missing:
+        raise ExportError(f"{what}: {folder} lacks {missing[:3]}; it is incomplete - "
+                          "delete it and re-run")
+    for rel, digest in expected.items():
+        if sha256_file(folder / rel) != digest:
+            raise ExportError(f"{what}: {folder / rel} does not match its recorded sha256 "
+                              "(changed or truncated); delete it and re-run")
+
+
+# --- manifest ------------------------------------------------------------------------------
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / MANIFEST
+    if not path.exists():
+        return {"schema": 1, "stages": {}}
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ExportError(f"{path} is corrupt; delete the run folder and re-run") from None
+    data.setdefault("stages", {})
+    return data
+
+
+def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
+    atomic_write_json(run_dir / MANIFEST, manifest)
+
+
+# --- lock --------------------------------------------------------------------------------
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Own the run folder: a `.lock` file holding our pid, created exclusively.
+
+    A second live process is refused; a lock left by a dead process is cleared.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = run_dir / ".lock"
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or "0")
+            except (OSError, ValueError):
+                pid = 0
+            if pid and pid != os.getpid() and _pid_alive(pid):
+                raise LockedError(
+                    f"{run_dir} is in use by process {pid}; wait for it to finish or use "
+                    "another --out folder") from None
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()  # stale: its owner is gone
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        break
+    else:
+        raise LockedError(f"could not take the lock {lock}; remove it if no run is active")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()

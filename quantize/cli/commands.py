@@ -1,0 +1,119 @@
+"""The commands. Each is a few lines over a library function."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from quantize.cli import handle_errors, main
+from quantize.errors import NotImplementedFeature
+from quantize.stages import STAGES
+
+
+def _run_options(fn: Any) -> Any:
+    opts = [
+        click.argument("recipe", default="gptq-int4"),
+        click.option("--model", "-m", default=None,
+                     help="local folder, Hugging Face Hub id, or `default` (SmolLM2-135M)"),
+        click.option("--dataset", "-d", default=None,
+                     help="calibration spec name/YAML, a .txt/.jsonl/.parquet file or folder, "
+                          "or hf:<dataset id>"),
+        click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
+                     help="run folder (default runs/<model>-<recipe>)"),
+        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto"),
+        click.option("--rerun", multiple=True, type=click.Choice([*STAGES, "all"]),
+                     help="re-run this stage even if its inputs are unchanged (repeatable)"),
+        click.option("--allow-pickle", is_flag=True,
+                     help="accept .bin/.pt weights (pickle can run code: trusted sources only)"),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _run(until: str, **kw: Any) -> None:
+    from quantize.pipeline import RunOptions, run
+    from quantize.report import print_summary
+
+    opts = RunOptions(recipe=kw["recipe"], model=kw["model"], dataset=kw["dataset"],
+                      out=kw["out"], device=kw["device"], until=until, rerun=kw["rerun"],
+                      allow_pickle=kw["allow_pickle"])
+    pipe = run(opts)
+    print_summary(pipe)
+
+
+@main.command("run")
+@_run_options
+@handle_errors
+def run_cmd(**kw: Any) -> None:
+    """Run the whole pipeline for RECIPE (default gptq-int4); finished stages are skipped."""
+    _run("gate", **kw)
+
+
+def _stage_command(stage: str, doc: str) -> None:
+    @main.command(stage, help=doc)
+    @_run_options
+    @handle_errors
+    def cmd(**kw: Any) -> None:
+        _run(stage, **kw)
+
+
+_stage_command("calibrate", "Build the tokenized, fingerprinted calibration set for RECIPE.")
+_stage_command("quantize", "Calibrate (if needed) and quantize with the recipe's engine.")
+_stage_command("export", "Everything up to the vLLM-loadable checkpoint in <run>/export.")
+
+
+@main.command("recipes")
+@handle_errors
+def recipes_cmd() -> None:
+    """List the shipped recipes with one-line descriptions."""
+    from quantize.recipe import available, load_recipe
+
+    for name in available("recipes"):
+        r = load_recipe(name)
+        gs = f" g{r.group_size}" if r.group_size else ""
+        kv = " +kv-fp8" if r.kv_cache else ""
+        click.echo(f"{name:<14} {r.method:<5} {r.scheme}{gs}{kv:<10}  {r.description}")
+
+
+@main.command("validate")
+@click.argument("recipe")
+@click.option("--model", "-m", default=None, help="also run the pre-flight checks on this model")
+@click.option("--no-model", is_flag=True, help="check the recipe file only")
+@handle_errors
+def validate_cmd(recipe: str, model: str | None, no_model: bool) -> None:
+    """Check RECIPE (a name or YAML path): schema, calibration spec, eval suite, and the
+    pre-flight checks against the model (default model unless --no-model)."""
+    from quantize import preflight
+    from quantize.models import check_architecture, resolve_model
+    from quantize.recipe import apply_thresholds, load_recipe, load_suite
+    from quantize.stages.calibrate import resolve_spec
+
+    r = load_recipe(recipe)
+    spec, _ = resolve_spec(r, None)
+    apply_thresholds(load_suite(r.eval.suite), r.eval)
+    click.echo(f"{r.name}: recipe ok (calibration {spec.name}, eval suite {r.eval.suite})")
+    if no_model:
+        return
+    ref = resolve_model(model)
+    check_architecture(ref.config, trust_remote_code=r.trust_remote_code)
+    facts = preflight.check(r, ref.config)
+    click.echo(f"{r.name} on {ref.name}: pre-flight ok ({facts['layers']} layers to quantize"
+               + (f", group size {facts['group_size']})" if facts["group_size"] else ")"))
+
+
+def _not_yet(name: str, issue: int, what: str) -> None:
+    @main.command(name, help=f"{what} (not built yet: issue #{issue}).",
+                  context_settings={"ignore_unknown_options": True})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    @handle_errors
+    def cmd(args: tuple[str, ...]) -> None:
+        raise NotImplementedFeature(f"`quantize {name}` is not built yet (issue #{issue}); "
+                                    "nothing was done")
+
+
+_not_yet("verify", 4, "Load an export in vLLM and compare it with transformers")
+_not_yet("publish", 5, "Publish a run to a Hugging Face Hub organisation")
+_not_yet("plan", 6, "Which recipe lets a model serve a context to N users on a GPU")

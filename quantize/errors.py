@@ -1,0 +1,64 @@
+"""One error hierarchy. Every error the user can cause is a QuantizeError: the CLI prints
+its message on one line and exits non-zero, without a traceback unless QUANTIZE_DEBUG=1."""
+
+from __future__ import annotations
+
+
+class QuantizeError(Exception):
+    """Base class: a problem the user can fix. The message names the problem and the fix."""
+
+    exit_code = 2
+
+
+class RecipeError(QuantizeError):
+    """A recipe, calibration spec or eval suite is invalid."""
+
+
+class ModelError(QuantizeError):
+    """The model cannot be found, read, or is not supported."""
+
+
+class PreflightError(QuantizeError):
+    """A check before calibration found a recipe/model mismatch (e.g. group size)."""
+
+
+class CalibrationError(QuantizeError):
+    """The calibration data cannot be read or is too small for the spec."""
+
+
+class QuantizationError(QuantizeError):
+    """The quantization engine failed."""
+
+
+class ExportError(QuantizeError):
+    """The export is missing, incomplete or does not match its manifest."""
+
+
+class EvalError(QuantizeError):
+    """Evaluation could not run."""
+
+
+class GateFailed(QuantizeError):
+    """At least one blocking metric fell below its threshold."""
+
+    exit_code = 3
+
+
+class VerifyError(QuantizeError):
+    """The checkpoint did not load or did not agree with the reference."""
+
+
+class PublishError(QuantizeError):
+    """Publishing was refused or failed."""
+
+
+class LockedError(QuantizeError):
+    """Another live process holds the run folder."""
+
+
+class BackendUnavailable(QuantizeError):
+    """An optional engine is not installed."""
+
+
+class NotImplementedFeature(QuantizeError):
+    """A feature that is planned but not built yet; never pretend it works."""

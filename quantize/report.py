@@ -1,0 +1,43 @@
+"""Human-readable summaries printed at the end of a run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+from rich.table import Table
+
+from quantize.progress import console
+
+if TYPE_CHECKING:
+    from quantize.pipeline import Pipeline
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def print_summary(pipe: Pipeline) -> None:
+    stages = pipe.manifest.get("stages", {})
+    table = Table(title=f"run {pipe.run_dir}", show_lines=False)
+    for col in ("stage", "status", "seconds", "result"):
+        table.add_column(col)
+    for name, entry in stages.items():
+        if name not in pipe.keys:
+            continue
+        s = entry.get("summary", {})
+        result = s.get("verdict") or s.get("fingerprint", "")[:16] or s.get("format") or ""
+        table.add_row(name, entry.get("status", "?"), f"{entry.get('duration_s', 0):.1f}",
+                      str(result))
+    console.print(table)
+    export = stages.get("export", {}).get("summary")
+    if export and "export" in pipe.keys:
+        before = sum(p.stat().st_size for p in pipe.model.path.glob("*.safetensors"))
+        after = export["weights_bytes"]
+        console.print(f"weights on disk: {human_bytes(before)} → {human_bytes(after)} "
+                      f"({before / after:.2f}× smaller)")
+        click.echo(str(pipe.run_dir / "export"))

@@ -1,0 +1,59 @@
+"""export: the vLLM-loadable checkpoint folder, complete or absent.
+
+It holds the engine's compressed-tensors files (hard links to the quantize stage's, so no
+copy), the recipe as run (`recipe.yaml`) and `manifest.json` (model source and hash, recipe
+hash, calibration fingerprint, versions, stage timings, sha256 of every other file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from quantize.artifacts import atomic_write_json, atomic_write_text, hash_tree
+from quantize.errors import ExportError
+
+NAME = "export"
+REQUIRED = ("config.json", "tokenizer_config.json")
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def check_checkpoint(folder: Path) -> dict[str, Any]:
+    """What vLLM needs to load with no flags: config with a quantization_config, safetensors."""
+    missing = [f for f in REQUIRED if not (folder / f).is_file()]
+    if missing:
+        raise ExportError(f"{folder} lacks {missing}; the engine did not finish saving")
+    if not list(folder.glob("*.safetensors")):
+        raise ExportError(f"{folder} has no *.safetensors weights")
+    pickles = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl")]
+    if pickles:
+        raise ExportError(f"{folder} holds pickle files {pickles}; exports are safetensors only")
+    config = json.loads((folder / "config.json").read_text())
+    qc = config.get("quantization_config")
+    if not qc:
+        raise ExportError(f"{folder}/config.json has no quantization_config; vLLM would load "
+                          "it as an unquantized model")
+    return config
+
+
+def run(quantized: Path, recipe_text: str, manifest: dict[str, Any], out: Path) -> dict[str, Any]:
+    config = check_checkpoint(quantized)
+    for f in sorted(quantized.iterdir()):
+        if f.is_file():
+            _link_or_copy(f, out / f.name)
+    atomic_write_text(out / "recipe.yaml", recipe_text)
+    files = hash_tree(out)
+    atomic_write_json(out / "manifest.json", {**manifest, "files": files})
+    weights = sum(p.stat().st_size for p in out.glob("*.safetensors"))
+    qc = config["quantization_config"]
+    return {"weights_bytes": weights, "quant_method": qc.get("quant_method"),
+            "format": qc.get("format")}

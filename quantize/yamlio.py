@@ -1,0 +1,117 @@
+"""Strict YAML: duplicate keys are errors, and every value keeps its line number so that
+schema errors can point at the line to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from quantize.errors import RecipeError
+
+Loc = tuple[str | int, ...]
+M = TypeVar("M", bound=BaseModel)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate mapping keys (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"duplicate key {key!r} (first at line {seen[key]}); keep one of them",
+                key_node.start_mark,
+            )
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _line_map(node: yaml.Node | None, path: Loc = ()) -> dict[Loc, int]:
+    """Map every key path in the document to the 1-based line it starts on."""
+    lines: dict[Loc, int] = {}
+    if node is None:
+        return lines
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            child = (*path, str(key_node.value))
+            lines.update(_line_map(value_node, child))
+            lines[child] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines.update(_line_map(item, (*path, i)))
+    return lines
+
+
+def load_yaml(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
+    """Parse text strictly; return the data and a map from key path to line number."""
+    try:
+        node = yaml.compose(text, Loader=_StrictLoader)
+        data = yaml.load(text, Loader=_StrictLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise RecipeError(f"{where}: invalid YAML: {exc.problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{source}: invalid YAML: {exc}") from None
+    return data, _line_map(node)
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise RecipeError(f"{path}: not UTF-8 text; save it as UTF-8") from None
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _nearest_line(lines: dict[Loc, int], loc: Loc) -> int | None:
+    while True:
+        if loc in lines:
+            return lines[loc]
+        if not loc:
+            return None
+        loc = loc[:-1]
+
+
+def format_validation_error(exc: ValidationError, source: str, lines: dict[Loc, int]) -> str:
+    """One message listing each schema problem as `file:line: field: problem`."""
+    parts = []
+    for err in exc.errors():
+        loc = tuple(str(p) if not isinstance(p, int) else p for p in err["loc"])
+        # pydantic appends the union member / validator name to loc; keep the data path
+        data_loc = tuple(p for p in loc if not (isinstance(p, str) and p.startswith("function-")))
+        line = _nearest_line(lines, tuple(str(p) if isinstance(p, str) else p for p in data_loc))
+        field = ".".join(str(p) for p in data_loc) or "(document)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field; remove it or check its spelling"
+        elif err["type"] == "missing":
+            msg = "required field is missing; add it"
+        where = f"{source}:{line}" if line else source
+        parts.append(f"{where}: {field}: {msg}")
+    return "; ".join(parts)
+
+
+def parse_model(model: type[M], text: str, source: str) -> M:
+    """Strictly parse YAML text into a pydantic model, with line-precise errors."""
+    data, lines = load_yaml(text, source)
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: expected a YAML mapping at the top level")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(format_validation_error(exc, source, lines)) from None
