@@ -30,7 +30,15 @@ from quantize.artifacts import (
 from quantize.errors import ExportError, QuantizeError
 from quantize.models import ModelRef, check_architecture, model_fingerprint, resolve_model
 from quantize.progress import info, step
-from quantize.recipe import Recipe, canonical_hash, load_recipe, resolve
+from quantize.recipe import (
+    EvalSuite,
+    Recipe,
+    apply_thresholds,
+    canonical_hash,
+    load_recipe,
+    load_suite,
+    resolve,
+)
 from quantize.stages import STAGES
 from quantize.yamlio import read_text
 
@@ -116,7 +124,23 @@ class Pipeline:
             self._record_header()
             for stage in STAGES[: STAGES.index(self.opts.until) + 1]:
                 self._stage(stage)
+            gate = self.manifest["stages"].get("gate")
+            if "gate" in self.keys and gate:
+                self.manifest["releasable"] = gate["summary"]["verdict"] == "pass"
+                write_manifest(self.run_dir, self.manifest)
             return self.manifest
+
+    def suite(self) -> EvalSuite:
+        """The eval suite: --suite, else the recipe's, with the recipe's tightened thresholds
+        (those naming metrics of the chosen suite)."""
+        name = self.opts.suite or self.recipe.eval.suite
+        suite = load_suite(name)
+        ref = self.recipe.eval
+        if self.opts.suite and self.opts.suite != ref.suite:
+            names = {m.name for m in suite.metrics}
+            ref = ref.model_copy(update={"thresholds": {
+                k: v for k, v in ref.thresholds.items() if k in names}})
+        return apply_thresholds(suite, ref)
 
     def _record_header(self) -> None:
         self.manifest.update({
@@ -124,7 +148,8 @@ class Pipeline:
             "run": self.run_dir.name,
             "model": {"source": self.model.source, "path": str(self.model.path),
                       "fingerprint": model_fingerprint(self.model)},
-            "recipe": {"name": self.recipe.name, "sha256": canonical_hash(self.recipe),
+            "recipe": {"name": self.recipe.name, "ref": self.opts.recipe,
+                       "sha256": canonical_hash(self.recipe),
                        "trust_remote_code": self.recipe.trust_remote_code},
             "versions": versions(),
             "device": self.device,

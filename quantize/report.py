@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -21,6 +22,20 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def print_gate(result: dict[str, Any]) -> None:
+    color = "green" if result["verdict"] == "pass" else "red"
+    table = Table(title=f"gate: [{color}]{result['verdict'].upper()}[/{color}]")
+    for col in ("metric", "baseline", "candidate", "recovery", "threshold", "verdict", "note"):
+        table.add_column(col)
+    for r in result["rows"]:
+        v = r["verdict"]
+        vc = {"pass": "green", "fail": "red", "warn": "yellow"}[v]
+        table.add_row(r["name"], f"{r['baseline']:.4g}", f"{r['candidate']:.4g}",
+                      f"{r['recovery']:.2%}", f"≥ {r['threshold']:.0%}", f"[{vc}]{v}[/{vc}]",
+                      r["note"])
+    console.print(table)
+
+
 def print_summary(pipe: Pipeline) -> None:
     stages = pipe.manifest.get("stages", {})
     table = Table(title=f"run {pipe.run_dir}", show_lines=False)
@@ -34,6 +49,9 @@ def print_summary(pipe: Pipeline) -> None:
         table.add_row(name, entry.get("status", "?"), f"{entry.get('duration_s', 0):.1f}",
                       str(result))
     console.print(table)
+    gate_md = pipe.run_dir / "gate" / "gate.json"
+    if "gate" in pipe.keys and gate_md.is_file():
+        print_gate(json.loads(gate_md.read_text()))
     export = stages.get("export", {}).get("summary")
     if export and "export" in pipe.keys:
         before = sum(p.stat().st_size for p in pipe.model.path.glob("*.safetensors"))

@@ -22,7 +22,7 @@ class _StrictLoader(yaml.SafeLoader):
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+        key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
         if key in seen:
             raise yaml.constructor.ConstructorError(

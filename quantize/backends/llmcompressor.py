@@ -103,7 +103,8 @@ class LLMCompressorBackend:
                       "shuffle_calibration_samples": False, "batch_size": 1}
         try:
             with contextlib.redirect_stdout(io.StringIO()):
-                oneshot(model=model, processor=tokenizer, log_dir=str(out.parent / "logs"),
+                oneshot(model=model, processor=tokenizer,  # type: ignore[arg-type]
+                        log_dir=str(out.parent / "logs"),
                         recipe=build_modifiers(recipe, job.group_size), **kwargs)
         except (ValueError, RuntimeError, TypeError) as exc:
             msg = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -41,8 +41,8 @@ def resolve_spec(recipe: Recipe, dataset: str | None) -> tuple[CalibrationSpec, 
     base, _ = (
         (recipe.calibration, Path.cwd()) if isinstance(recipe.calibration, CalibrationSpec)
         else load_calibration(recipe.calibration))
-    keep = {"num_samples": base.num_samples, "seq_len": base.seq_len, "seed": base.seed,
-            "chat_template": base.chat_template, "packing": base.packing}
+    keep: dict[str, Any] = base.model_dump(
+        include={"num_samples", "seq_len", "seed", "chat_template", "packing"})
     if dataset.startswith("hf:"):
         return CalibrationSpec(name="cli", hub=dataset[3:], **keep), Path.cwd()
     p = Path(dataset)

@@ -1,14 +1,14 @@
 """export: the vLLM-loadable checkpoint folder, complete or absent.
 
-It holds the engine's compressed-tensors files (hard links to the quantize stage's, so no
-copy), the recipe as run (`recipe.yaml`) and `manifest.json` (model source and hash, recipe
+It holds a copy of the engine's compressed-tensors files (a copy, not hard links: a user
+editing the export in place must not silently change the quantize stage's cached result), the
+recipe as run (`recipe.yaml`) and `manifest.json` (model source and hash, recipe
 hash, calibration fingerprint, versions, stage timings, sha256 of every other file).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,13 +18,6 @@ from quantize.errors import ExportError
 
 NAME = "export"
 REQUIRED = ("config.json", "tokenizer_config.json")
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def check_checkpoint(folder: Path) -> dict[str, Any]:
@@ -49,7 +42,7 @@ def run(quantized: Path, recipe_text: str, manifest: dict[str, Any], out: Path) 
     config = check_checkpoint(quantized)
     for f in sorted(quantized.iterdir()):
         if f.is_file():
-            _link_or_copy(f, out / f.name)
+            shutil.copy2(f, out / f.name)
     atomic_write_text(out / "recipe.yaml", recipe_text)
     files = hash_tree(out)
     atomic_write_json(out / "manifest.json", {**manifest, "files": files})

@@ -1,0 +1,208 @@
+"""The measurements behind `eval`: strided perplexity (our own loop) and multiple-choice
+accuracy through lm-eval. Both keep per-window / per-example values so the gate can compare
+baseline and candidate *paired* on the same data."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from quantize.errors import EvalError
+from quantize.recipe import MetricSpec
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+BUILTIN_EVAL_TEXT = {"wiki-eval": DATA_DIR / "wiki_eval.txt"}
+BIGBENCH_DIR = DATA_DIR / "bigbench"
+
+
+# --- perplexity -------------------------------------------------------------------------
+def eval_text(spec: MetricSpec) -> str:
+    if spec.builtin is not None:
+        return BUILTIN_EVAL_TEXT[spec.builtin].read_text(encoding="utf-8")
+    if spec.path is not None:
+        p = Path(spec.path)
+        if not p.is_file():
+            raise EvalError(f"metric {spec.name}: text file {p} does not exist; fix `path`")
+        try:
+            return p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise EvalError(f"metric {spec.name}: {p} is not UTF-8; convert it") from None
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(spec.hub, spec.subset, split=spec.split)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise EvalError(f"metric {spec.name}: cannot load {spec.hub!r} ({first}); use "
+                        "`builtin: wiki-eval` offline") from None
+    return "\n\n".join(t for t in ds[spec.text_field] if t)
+
+
+def windows(n_tokens: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
+    """(begin, end, n_scored) per window; the scored tokens are the window's last n_scored.
+
+    A window scores only tokens no earlier window scored, each with as much context as the
+    window holds (the standard strided evaluation). A window's first token has no context
+    inside it, so with stride == seq_len (disjoint windows) it is not scored.
+    """
+    out = []
+    prev_end = 0
+    for begin in range(0, n_tokens, stride):
+        end = min(begin + seq_len, n_tokens)
+        scored = min(end - prev_end, end - begin - 1)
+        if scored > 0:
+            out.append((begin, end, scored))
+        prev_end = end
+        if end == n_tokens:
+            break
+    return out
+
+
+def perplexity(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int) -> dict[str, Any]:
+    """Token-level perplexity: exp(mean NLL per predicted token) over the first max_tokens
+    tokens of the text (token perplexity, not lm-eval's word perplexity)."""
+    import torch
+
+    text = eval_text(spec)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][: spec.max_tokens]
+    if len(ids) < spec.seq_len:
+        raise EvalError(f"metric {spec.name}: text has {len(ids)} tokens, fewer than seq_len "
+                        f"{spec.seq_len}; use more text or a shorter seq_len")
+    stride = spec.stride or spec.seq_len
+    wins = windows(len(ids), spec.seq_len, stride)
+    device = next(model.parameters()).device
+    all_ids = torch.tensor(ids, dtype=torch.long)
+    nll_sums: list[float] = []
+    counts: list[int] = []
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(wins), batch_size):
+            batch = wins[i : i + batch_size]
+            longest = max(e - b for b, e, _ in batch)
+            inp = torch.zeros((len(batch), longest), dtype=torch.long)
+            mask = torch.zeros_like(inp)
+            for j, (b, e, _) in enumerate(batch):
+                inp[j, : e - b] = all_ids[b:e]
+                mask[j, : e - b] = 1
+            logits = model(input_ids=inp.to(device), attention_mask=mask.to(device)).logits
+            for j, (b, e, scored) in enumerate(batch):
+                n = e - b
+                # cross_entropy per row: no [batch, seq, vocab] log-softmax copy in memory
+                nll = torch.nn.functional.cross_entropy(
+                    logits[j, n - 1 - scored : n - 1].float(),
+                    inp[j, n - scored : n].to(device), reduction="sum")
+                nll_sums.append(float(nll))
+                counts.append(scored)
+    seconds = time.perf_counter() - t0
+    total = sum(counts)
+    mean_nll = sum(nll_sums) / total
+    per_window = [s / c for s, c in zip(nll_sums, counts, strict=True)]
+    return {
+        "value": math.exp(mean_nll),
+        "mean_nll": mean_nll,
+        "per_window_nll": per_window,
+        "window_tokens": counts,
+        "n": total,
+        "tokens_per_s": round(sum(e - b for b, e, _ in wins) / seconds, 1),
+        "seconds": round(seconds, 2),
+        "settings": {"seq_len": spec.seq_len, "stride": stride, "tokens": total},
+    }
+
+
+# --- multiple choice via lm-eval ----------------------------------------------------------
+def _bigbench_docs(task: str) -> list[dict[str, Any]]:
+    path = BIGBENCH_DIR / f"{task}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in BIGBENCH_DIR.glob("*.json"))
+        raise EvalError(f"no shipped BIG-bench task {task!r}; shipped: {known}")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    prefix = data.get("task_prefix", "")
+    in_prefix = data.get("example_input_prefix", "\nQ: ")
+    out_prefix = data.get("example_output_prefix", "\nA: ")
+    docs = []
+    for ex in data["examples"]:
+        choices = list(ex["target_scores"])
+        gold = max(range(len(choices)), key=lambda i: ex["target_scores"][choices[i]])
+        # The prompt ends without trailing space: lm-eval adds " " before each choice, so
+        # the space belongs to the continuation (as the model saw it in training).
+        text = (prefix + in_prefix + ex["input"] + out_prefix).lstrip("\n").rstrip()
+        docs.append({"text": text, "choices": choices, "gold": gold})
+    return docs
+
+
+def _task_yaml(name: str, data_file: Path) -> str:
+    return "\n".join([
+        f"task: {name}",
+        "dataset_path: json",
+        "dataset_kwargs:",
+        "  data_files:",
+        f"    test: {json.dumps(str(data_file))}",
+        "test_split: test",
+        "output_type: multiple_choice",
+        'doc_to_text: "{{text}}"',
+        'doc_to_choice: "{{choices}}"',
+        'doc_to_target: "{{gold}}"',
+        'target_delimiter: " "',
+        "metric_list:",
+        "  - metric: acc",
+        "    aggregation: mean",
+        "    higher_is_better: true",
+        "",
+    ])
+
+
+def _prepare_task(spec: MetricSpec, workdir: Path) -> tuple[str, Path | None]:
+    """lm-eval task name, and an include dir for shipped tasks (None for lm-eval's own)."""
+    assert spec.task is not None
+    if not spec.task.startswith("bigbench:"):
+        return spec.task, None
+    task = spec.task.split(":", 1)[1]
+    docs = _bigbench_docs(task)[: spec.limit]
+    name = f"quantize_bigbench_{task}"
+    tdir = workdir / name
+    tdir.mkdir(parents=True, exist_ok=True)
+    data = tdir / "test.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    (tdir / f"{name}.yaml").write_text(_task_yaml(name, data), encoding="utf-8")
+    return name, tdir
+
+
+def multiple_choice(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int,
+                    workdir: Path) -> dict[str, Any]:
+    import logging
+
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    task, include = _prepare_task(spec, workdir)
+    manager = TaskManager(include_path=str(include) if include else None)
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    t0 = time.perf_counter()
+    try:
+        out = simple_evaluate(model=lm, tasks=[task], task_manager=manager,
+                              num_fewshot=spec.num_fewshot,
+                              limit=None if include else spec.limit, log_samples=True,
+                              bootstrap_iters=0)
+    except Exception as exc:  # lm-eval raises bare exceptions for unknown tasks, offline...
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise EvalError(f"metric {spec.name}: lm-eval failed on task {spec.task!r}: {first}") \
+            from None
+    if out is None or task not in out["results"]:
+        raise EvalError(f"metric {spec.name}: lm-eval returned no result for {task!r}")
+    samples = sorted(out["samples"][task], key=lambda s: s["doc_id"])
+    per_example = [float(s["acc"]) for s in samples]
+    n = len(per_example)
+    acc = sum(per_example) / n
+    return {
+        "value": acc,
+        "stderr": math.sqrt(acc * (1 - acc) / max(n - 1, 1)),
+        "per_example": per_example,
+        "n": n,
+        "seconds": round(time.perf_counter() - t0, 2),
+        "settings": {"task": spec.task, "num_fewshot": spec.num_fewshot, "limit": spec.limit},
+    }

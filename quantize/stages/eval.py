@@ -1,0 +1,185 @@
+"""eval: measure the exported checkpoint (loaded fresh from disk, as users deploy it) and
+the unquantized baseline on the same suite. The baseline's scores are cached per (model
+fingerprint, suite, settings, versions) and reused by every recipe run on that model."""
+
+from __future__ import annotations
+
+import gc
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quantize.artifacts import atomic_write_json, atomic_write_text
+from quantize.errors import EvalError
+from quantize.progress import info, step
+from quantize.recipe import EvalSuite, MetricSpec, canonical_hash
+
+if TYPE_CHECKING:
+    from quantize.pipeline import Pipeline
+
+NAME = "eval"
+_PER_ITEM = ("per_window_nll", "per_example")
+
+
+def measured_settings(suite: EvalSuite) -> dict[str, Any]:
+    """What changes the numbers (not the thresholds, which only the gate uses)."""
+    return {"batch_size": suite.batch_size,
+            "metrics": [m.model_dump(mode="json", exclude={"threshold", "on_fail"})
+                        for m in suite.metrics]}
+
+
+def load_model(path: Path, device: str) -> tuple[Any, Any]:
+    import logging
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    # fp32 on CPU (16-bit matmuls there are slow and add their own error); 16-bit on GPU.
+    dtype = torch.float32 if device == "cpu" else "auto"
+    kwargs: dict[str, Any] = {}
+    config = json.loads((path / "config.json").read_text())
+    if config.get("quantization_config", {}).get("quant_method") == "compressed-tensors":
+        from transformers import CompressedTensorsConfig
+
+        # Decompress once at load: the same numbers as the packed kernels' dequantization,
+        # without unpacking every weight again on every forward pass.
+        kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device,
+                                                     **kwargs)
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise EvalError(f"cannot load {path} for evaluation: {first}") from None
+    model.eval()
+    return model, tok
+
+
+def evaluate(path: Path, suite: EvalSuite, device: str, label: str) -> dict[str, Any]:
+    """Every metric of the suite on the model at `path`."""
+    from quantize import metrics
+
+    results: dict[str, Any] = {}
+    with step(f"loading {label} for evaluation"):
+        model, tok = load_model(path, device)
+    try:
+        with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as work:
+            for spec in suite.metrics:
+                with step(f"{label}: {spec.name}"):
+                    if spec.kind == "perplexity":
+                        results[spec.name] = metrics.perplexity(model, tok, spec,
+                                                                suite.batch_size)
+                    else:
+                        results[spec.name] = metrics.multiple_choice(
+                            model, tok, spec, suite.batch_size, Path(work))
+                r = results[spec.name]
+                info(f"    {spec.name} = {r['value']:.4g} (n={r['n']}, {r['seconds']}s)")
+    finally:
+        del model
+        gc.collect()
+    return results
+
+
+def baseline(model_path: Path, fingerprint: str, suite: EvalSuite, device: str,
+             versions: dict[str, str]) -> tuple[dict[str, Any], bool]:
+    """The baseline's results, from the cache when the same model/suite/settings ran before."""
+    from quantize.models import cache_root
+
+    key = canonical_hash({"model": fingerprint, "settings": measured_settings(suite),
+                          "device": device, "versions": versions})
+    path = cache_root() / "baselines" / f"{key}.json"
+    if path.is_file():
+        info(f"[dim]baseline scores from cache {path.name[:16]}[/dim]")
+        cached: dict[str, Any] = json.loads(path.read_text())
+        return cached, True
+    results = evaluate(model_path, suite, device, "baseline")
+    atomic_write_json(path, results)
+    return results, False
+
+
+def _diff_se(spec: MetricSpec, base: dict[str, Any], cand: dict[str, Any]) -> float | None:
+    from quantize.stages.gate import paired_se
+
+    key = "per_window_nll" if spec.kind == "perplexity" else "per_example"
+    if key not in base or key not in cand:
+        return None
+    return paired_se(base[key], cand[key])
+
+
+def compare(suite: EvalSuite, base: dict[str, Any], cand: dict[str, Any]) -> list[dict[str, Any]]:
+    from quantize.stages.gate import recovery
+
+    rows = []
+    for spec in suite.metrics:
+        b, c = base[spec.name], cand[spec.name]
+        rows.append({
+            "name": spec.name, "kind": spec.kind, "direction": spec.direction,
+            "baseline": b["value"], "candidate": c["value"],
+            "baseline_stderr": b.get("stderr"), "candidate_stderr": c.get("stderr"),
+            "diff_se": _diff_se(spec, b, c),
+            "recovery": recovery(b["value"], c["value"], spec.direction),
+            "threshold": spec.threshold, "on_fail": spec.on_fail, "n": c["n"],
+            "settings": c["settings"],
+        })
+    return rows
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"# Eval: suite `{result['suite']}`", "",
+             f"Candidate `{result['candidate']['path']}` vs baseline "
+             f"`{result['baseline']['path']}` on {result['device']}.", "",
+             "| metric | n | baseline | candidate | recovery | threshold |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in result["metrics"]:
+        err = f" ± {r['candidate_stderr']:.3f}" if r.get("candidate_stderr") else ""
+        lines.append(f"| {r['name']} | {r['n']} | {r['baseline']:.4g} | "
+                     f"{r['candidate']:.4g}{err} | {r['recovery']:.2%} | {r['threshold']:.2%} |")
+    t = result["timing"]
+    lines += ["", f"Eval time: baseline {t['baseline_s']} s "
+              f"({'cached' if result['baseline']['cached'] else 'measured'}), "
+              f"candidate {t['candidate_s']} s."]
+    return "\n".join(lines) + "\n"
+
+
+def _strip(results: dict[str, Any]) -> dict[str, Any]:
+    """Per-item lists stay in the baseline cache; eval.json keeps summaries."""
+    return {k: {f: v for f, v in r.items() if f not in _PER_ITEM} for k, r in results.items()}
+
+
+def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, device: str,
+        versions: dict[str, str], out: Path) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    base, cached = baseline(base_path, fingerprint, suite, device, versions)
+    t1 = time.perf_counter()
+    cand = evaluate(candidate, suite, device, "candidate")
+    t2 = time.perf_counter()
+    result: dict[str, Any] = {
+        "suite": suite.name, "suite_sha256": canonical_hash(suite), "device": device,
+        "baseline": {"path": str(base_path), "fingerprint": fingerprint, "cached": cached,
+                     "results": _strip(base)},
+        "candidate": {"path": str(candidate), "results": _strip(cand)},
+        "metrics": compare(suite, base, cand),
+        "timing": {"baseline_s": round(t1 - t0, 1), "candidate_s": round(t2 - t1, 1)},
+    }
+    atomic_write_json(out / "eval.json", result)
+    atomic_write_text(out / "eval.md", markdown(result))
+    return {"metrics": {r["name"]: {"baseline": r["baseline"], "candidate": r["candidate"],
+                                    "recovery": r["recovery"]} for r in result["metrics"]}}
+
+
+def plan(pipe: Pipeline) -> tuple[dict[str, Any], Any]:
+    suite = pipe.suite()
+    inputs = {"export": pipe.keys["export"], "suite": measured_settings(suite),
+              "device": pipe.device}
+
+    def execute(out: Path) -> dict[str, Any]:
+        export = pipe.run_dir / "export"
+        if not export.is_dir():
+            raise EvalError(f"{export} is missing; run the export stage first")
+        return run(export, pipe.model.path, pipe.manifest["model"]["fingerprint"], suite,
+                   pipe.device, pipe.manifest["versions"], out)
+
+    return inputs, execute

@@ -1,0 +1,121 @@
+"""gate: turn eval results into a release verdict.
+
+recovery = baseline/candidate for lower-is-better metrics (perplexity) and
+candidate/baseline for higher-is-better ones (accuracy); a metric passes when
+recovery >= threshold.
+
+Noise: baseline and candidate are scored on the same windows/examples, so the gate uses the
+standard error of the *paired* per-item difference. A shortfall smaller than 1.96 SE is not
+waved through: a blocking metric still fails, and its row says the shortfall is within noise
+and that more examples would settle it; a pass within 1.96 SE of the threshold is marked too.
+Nothing flips silently in either direction.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quantize.artifacts import atomic_write_json, atomic_write_text
+
+if TYPE_CHECKING:
+    from quantize.pipeline import Pipeline
+
+NAME = "gate"
+Z = 1.96
+
+
+def recovery(baseline: float, candidate: float, direction: str) -> float:
+    if direction == "lower_is_better":
+        return baseline / candidate if candidate > 0 else 0.0
+    if baseline <= 0:
+        return 1.0 if candidate >= baseline else 0.0
+    return candidate / baseline
+
+
+def paired_se(base: list[float], cand: list[float]) -> float | None:
+    """Standard error of the mean of the paired differences (None when not computable)."""
+    if len(base) != len(cand) or len(base) < 2:
+        return None
+    d = [c - b for b, c in zip(base, cand, strict=True)]
+    mean = sum(d) / len(d)
+    var = sum((x - mean) ** 2 for x in d) / (len(d) - 1)
+    return math.sqrt(var / len(d))
+
+
+def margin(row: dict[str, Any]) -> tuple[float, float | None]:
+    """(how far the candidate is above the threshold, the noise on that) in the metric's
+    natural paired unit: log-perplexity for perplexity, accuracy points for accuracy."""
+    b, c, t = row["baseline"], row["candidate"], row["threshold"]
+    se = row.get("diff_se")
+    if row["direction"] == "lower_is_better":
+        # pass iff log c <= log b - log t
+        return (math.log(b) - math.log(t)) - math.log(c), se
+    return c - t * b, se
+
+
+def judge(row: dict[str, Any]) -> dict[str, Any]:
+    """Add recovery, verdict and a noise note to one metric row."""
+    row = dict(row)
+    row["recovery"] = recovery(row["baseline"], row["candidate"], row["direction"])
+    m, se = margin(row)
+    passed = row["recovery"] >= row["threshold"]
+    note = ""
+    if se is not None and se > 0 and abs(m) < Z * se:
+        note = ("shortfall within noise (±{:.3g}); raise the example count to decide"
+                if not passed else "pass within noise (±{:.3g})").format(Z * se)
+    row["verdict"] = "pass" if passed else ("fail" if row["on_fail"] == "block" else "warn")
+    row["note"] = note
+    return row
+
+
+def decide(metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = [judge(m) for m in metrics]
+    failures = [r["name"] for r in rows if r["verdict"] == "fail"]
+    warnings = [r["name"] for r in rows if r["verdict"] == "warn"]
+    verdict = "fail" if failures else "pass"
+    return {"verdict": verdict, "releasable": not failures, "failures": failures,
+            "warnings": warnings, "rows": rows}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"# Gate: {result['verdict'].upper()}", "",
+             "| metric | direction | baseline | candidate | recovery | threshold | verdict "
+             "| note |",
+             "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['name']} | {r['direction'].replace('_', ' ')} | {r['baseline']:.4g} | "
+            f"{r['candidate']:.4g} | {r['recovery']:.2%} | {r['threshold']:.2%} | "
+            f"{r['verdict']} | {r['note']} |")
+    if result["failures"]:
+        lines += ["", f"Blocking failures: {', '.join(result['failures'])}. Not releasable."]
+    return "\n".join(lines) + "\n"
+
+
+def run(eval_result: dict[str, Any], out: Path) -> dict[str, Any]:
+    result = decide(eval_result["metrics"])
+    atomic_write_json(out / "gate.json", result)
+    atomic_write_text(out / "gate.md", markdown(result))
+    return {"verdict": result["verdict"], "failures": result["failures"],
+            "warnings": result["warnings"]}
+
+
+def plan(pipe: Pipeline) -> tuple[dict[str, Any], Any]:
+    import json
+
+    suite = pipe.suite()
+    inputs = {"eval": pipe.keys["eval"],
+              "rules": [m.model_dump(include={"name", "direction", "threshold", "on_fail"})
+                        for m in suite.metrics]}
+
+    def execute(out: Path) -> dict[str, Any]:
+        ev = json.loads((pipe.run_dir / "eval" / "eval.json").read_text())
+        rules = {m.name: m for m in suite.metrics}
+        for row in ev["metrics"]:  # thresholds may have changed since eval ran
+            row["threshold"] = rules[row["name"]].threshold
+            row["on_fail"] = rules[row["name"]].on_fail
+        return run(ev, out)
+
+    return inputs, execute

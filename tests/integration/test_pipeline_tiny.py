@@ -1,0 +1,149 @@
+"""The real pipeline (real llm-compressor algorithms) on a tiny random Llama, for every recipe:
+mechanics, the written config, reload through transformers, skip/rerun and the gate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quantize.errors import GateFailed
+from quantize.pipeline import RunOptions, run
+from quantize.recipe import available, load_recipe
+
+# Relative L2 error of the reloaded export's logits vs the unquantized model, on a random
+# model (no outlier structure, so these are loose upper bounds, not quality claims). They
+# follow the format's precision: INT8 keeps ~2^-8 per weight, FP8 e4m3 only 3 mantissa bits
+# (~6% per element, weights and activations), INT4 ~1/15 of each group's range. 2-bit is
+# only checked to be finite.
+TOLERANCE = {"W8A8": 0.05, "FP8_DYNAMIC": 0.12, "W4A16": 0.35, "W4A16_ASYM": 0.35}
+
+
+@pytest.fixture(scope="module")
+def small_calibration(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("spec") / "small.yaml"
+    p.write_text("name: small\nbuiltin: wiki\nnum_samples: 8\nseq_len: 128\n")
+    return p
+
+
+def logits(path: Path, ids: Any) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    kw: dict[str, Any] = {}
+    if "quantization_config" in json.loads((path / "config.json").read_text()):
+        kw["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw)
+    with torch.inference_mode():
+        return model(input_ids=ids).logits
+
+
+@pytest.mark.parametrize("recipe", available("recipes"))
+def test_every_recipe_exports_a_loadable_checkpoint(recipe: str, tiny_model: Path,
+                                                    small_calibration: Path,
+                                                    tmp_path: Path) -> None:
+    import torch
+
+    r = load_recipe(recipe)
+    pipe = run(RunOptions(recipe=recipe, model=str(tiny_model), dataset=str(small_calibration),
+                          out=tmp_path / "run", until="export", device="cpu"))
+    export = tmp_path / "run" / "export"
+    cfg = json.loads((export / "config.json").read_text())
+    qc = cfg["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors"
+    assert qc["ignore"] == ["lm_head"]
+    w = qc["config_groups"]["group_0"]["weights"]
+    assert w["num_bits"] == {"W4A16": 4, "W4A16_ASYM": 4, "W2A16": 2, "W8A8": 8,
+                             "FP8_DYNAMIC": 8}[r.scheme]
+    if r.group_size:
+        assert (w["strategy"], w["group_size"]) == ("group", r.group_size)
+    assert (qc["kv_cache_scheme"] is not None) == (r.kv_cache == "fp8")
+    # the export holds our recipe, a manifest with hashes of every other file, safetensors only
+    assert (export / "recipe.yaml").read_text() == Path(f"recipes/{recipe}.yaml").read_text()
+    manifest = json.loads((export / "manifest.json").read_text())
+    assert set(manifest["files"]) == {p.name for p in export.iterdir()} - {"manifest.json"}
+    assert manifest["calibration"]["fingerprint"] == \
+        pipe.manifest["stages"]["calibrate"]["summary"]["fingerprint"]
+    assert not [p for p in export.iterdir() if p.suffix in (".bin", ".pt")]
+    # reloads through transformers + compressed-tensors and stays close to the original
+    ids = torch.tensor([[1, 504, 3458, 314, 253, 1345, 30, 378, 9621, 282, 253, 2634]])
+    ref, got = logits(tiny_model, ids), logits(export, ids)
+    assert torch.isfinite(got).all()
+    tol = TOLERANCE.get(r.scheme)
+    if tol is not None:
+        rel = float((got - ref).norm() / ref.norm())
+        assert rel < tol, f"{recipe}: relative logit error {rel:.3f} >= {tol}"
+
+
+def test_rerun_skips_unchanged_stages_and_rebuilds_tampered_ones(
+        tiny_model: Path, small_calibration: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    opts = RunOptions(recipe="fp8-dynamic", model=str(tiny_model), out=tmp_path / "run",
+                      dataset=str(small_calibration), until="export", device="cpu")
+    first = run(opts).manifest
+    capsys.readouterr()
+    second = run(opts).manifest
+    err = capsys.readouterr().err
+    assert err.count("skip") == 3 and "inputs unchanged" in err
+    assert second["stages"]["export"]["ended"] == first["stages"]["export"]["ended"]
+    # tamper with the export: the next run notices and rebuilds it, nothing else
+    w = tmp_path / "run" / "export" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:-10])
+    third = run(opts).manifest
+    err = capsys.readouterr().err
+    assert "export: outputs no longer match the manifest" in err
+    assert third["stages"]["export"]["outputs"] == first["stages"]["export"]["outputs"]
+    assert third["stages"]["quantize"]["ended"] == first["stages"]["quantize"]["ended"]
+
+
+def _suite(tmp_path: Path, threshold: float) -> Path:
+    p = tmp_path / f"tiny{int(threshold * 100)}.yaml"
+    p.write_text(f"""\
+name: tiny{int(threshold * 100)}
+metrics:
+  - name: wiki_ppl
+    kind: perplexity
+    direction: lower_is_better
+    builtin: wiki-eval
+    max_tokens: 512
+    seq_len: 128
+    threshold: {threshold}
+  - name: general_knowledge
+    kind: multiple_choice
+    direction: higher_is_better
+    task: bigbench:general_knowledge
+    limit: 8
+    threshold: 0.01
+    on_fail: warn
+""")
+    return p
+
+
+def test_gate_passes_and_fails_with_exit_codes_and_report(
+        tiny_model: Path, small_calibration: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from quantize.cli import main
+
+    out = tmp_path / "run"
+    args = ["run", "fp8-dynamic", "--model", str(tiny_model), "--dataset",
+            str(small_calibration), "--out", str(out), "--device", "cpu"]
+    ok = CliRunner().invoke(main, [*args, "--suite", str(_suite(tmp_path, 0.5))])
+    assert ok.exit_code == 0, ok.output
+    gate = json.loads((out / "gate" / "gate.json").read_text())
+    assert gate["verdict"] == "pass" and json.loads(
+        (out / "manifest.json").read_text())["releasable"] is True
+    ev = json.loads((out / "eval" / "eval.json").read_text())
+    assert {m["name"] for m in ev["metrics"]} == {"wiki_ppl", "general_knowledge"}
+    assert ev["metrics"][0]["n"] > 0 and ev["metrics"][0]["baseline"] > 1
+    # an impossible threshold (candidate 50% better than baseline) fails the gate: exit 3,
+    # only eval's rules changed, so quantize and export are reused
+    bad = CliRunner().invoke(main, [*args, "--suite", str(_suite(tmp_path, 1.5))])
+    assert bad.exit_code == GateFailed.exit_code
+    assert "gate failed on wiki_ppl" in bad.output and "not releasable" in bad.output
+    gate = json.loads((out / "gate" / "gate.json").read_text())
+    assert gate["failures"] == ["wiki_ppl"]
+    assert "| wiki_ppl |" in (out / "gate" / "gate.md").read_text()
+    assert json.loads((out / "manifest.json").read_text())["releasable"] is False

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantize.artifacts import (
+    atomic_dir,
+    atomic_write_json,
+    check_tree,
+    hash_tree,
+    read_manifest,
+    run_lock,
+    tmp_dir_for,
+)
+from quantize.errors import ExportError, LockedError
+
+
+def test_atomic_write_replaces_whole_file(tmp_path: Path) -> None:
+    p = tmp_path / "a.json"
+    atomic_write_json(p, {"x": 1})
+    atomic_write_json(p, {"x": 2})
+    assert p.read_text().strip().endswith("}") and '"x": 2' in p.read_text()
+    assert [f.name for f in tmp_path.iterdir()] == ["a.json"]  # no temp files left
+
+
+def test_atomic_dir_failure_leaves_nothing_and_keeps_old(tmp_path: Path) -> None:
+    final = tmp_path / "export"
+    with atomic_dir(final) as tmp:
+        (tmp / "f").write_text("old")
+    with pytest.raises(RuntimeError), atomic_dir(final) as tmp:
+        (tmp / "f").write_text("half")
+        raise RuntimeError("crash mid-write")
+    assert (final / "f").read_text() == "old"
+    assert not tmp_dir_for(final).exists()
+
+
+def test_atomic_dir_discards_a_killed_runs_partial(tmp_path: Path) -> None:
+    final = tmp_path / "export"
+    partial = tmp_dir_for(final)
+    partial.mkdir()
+    (partial / "stale").write_text("from a killed run")
+    with atomic_dir(final) as tmp:
+        assert not (tmp / "stale").exists()
+        (tmp / "new").write_text("x")
+    assert sorted(p.name for p in final.iterdir()) == ["new"]
+
+
+def test_check_tree_refuses_tampered_truncated_missing(tmp_path: Path) -> None:
+    (tmp_path / "w.safetensors").write_bytes(b"0123456789")
+    (tmp_path / "config.json").write_text("{}")
+    hashes = hash_tree(tmp_path)
+    check_tree(tmp_path, hashes, "export")
+    (tmp_path / "w.safetensors").write_bytes(b"01234")
+    with pytest.raises(ExportError, match="does not match its recorded sha256"):
+        check_tree(tmp_path, hashes, "export")
+    (tmp_path / "w.safetensors").unlink()
+    with pytest.raises(ExportError, match="lacks"):
+        check_tree(tmp_path, hashes, "export")
+    with pytest.raises(ExportError, match="is missing"):
+        check_tree(tmp_path / "nope", hashes, "export")
+
+
+def test_corrupt_manifest_is_a_clear_error(tmp_path: Path) -> None:
+    assert read_manifest(tmp_path) == {"schema": 1, "stages": {}}
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(ExportError, match="corrupt"):
+        read_manifest(tmp_path)
+
+
+def test_lock_refuses_a_live_owner_and_clears_a_dead_one(tmp_path: Path) -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (tmp_path / ".lock").write_text(str(sleeper.pid))
+        with pytest.raises(LockedError, match=f"in use by process {sleeper.pid}"), \
+                run_lock(tmp_path):
+            pass
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # the owner is dead now: the stale lock is cleared and ours is taken
+    with run_lock(tmp_path):
+        assert (tmp_path / ".lock").read_text() == str(os.getpid())
+    assert not (tmp_path / ".lock").exists()

@@ -1,0 +1,112 @@
+"""CLI errors: one line naming the problem and the fix, a non-zero exit, no traceback
+(unless QUANTIZE_DEBUG=1)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from quantize.cli import main
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), env=env)
+    return result.exit_code, result.output
+
+
+def test_help_for_every_command() -> None:
+    code, out = invoke("--help")
+    assert code == 0
+    for cmd in ("run", "recipes", "validate", "calibrate", "quantize", "export", "eval", "gate"):
+        assert cmd in out
+        c, text = invoke(cmd, "--help")
+        assert c == 0 and "Usage:" in text
+
+
+def test_recipes_lists_each_with_a_description() -> None:
+    code, out = invoke("recipes")
+    assert code == 0
+    assert "gptq-int4" in out and "GPTQ INT4" in out and "fp8-kv" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("run", "gptq-int5"), "did you mean 'gptq-int4'"),
+        (("run", "gptq-int4", "--model", "/no/such/model"), "does not exist"),
+        (("validate", "awq-int8", "--no-model"), "unknown recipe"),
+        (("eval", "/no/such/run"), "not a run folder"),
+    ],
+)
+def test_errors_are_one_line(args: tuple[str, ...], match: str) -> None:
+    code, out = invoke(*args)
+    assert code == 2
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0]
+    assert "Traceback" not in out
+
+
+def test_bad_recipe_type_names_line(tmp_path: Path) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: bad\ndescription: d\nmethod: gptq\nscheme: W4A16\ngroup_size: x\n")
+    code, out = invoke("validate", str(p), "--no-model")
+    assert code == 2 and f"{p}:5: group_size" in out
+
+
+def test_group_size_that_does_not_divide_is_caught_before_calibration(
+        tmp_path: Path, default_model: Path) -> None:
+    p = tmp_path / "g128.yaml"
+    p.write_text("name: g128\ndescription: d\nmethod: gptq\nscheme: W4A16\ngroup_size: 128\n")
+    code, out = invoke("run", str(p), "--out", str(tmp_path / "run"))
+    assert code == 2
+    assert "group_size 128 does not divide" in out and "in_features 576" in out
+    assert "64" in out and "Traceback" not in out
+    assert not (tmp_path / "run" / "calibrate").exists()  # nothing calibrated
+
+
+def test_missing_config_and_pickle_only_models(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    code, out = invoke("validate", "gptq-int4", "--model", str(tmp_path / "m"))
+    assert code == 2 and "no config.json" in out
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "m" / "pytorch_model.bin").write_bytes(b"\x80\x04")
+    code, out = invoke("validate", "gptq-int4", "--model", str(tmp_path / "m"))
+    assert code == 2 and "pickle" in out and "--allow-pickle" in out
+
+
+def test_truncated_safetensors(tmp_path: Path, tiny_model: Path) -> None:
+    import shutil
+
+    m = tmp_path / "m"
+    shutil.copytree(tiny_model, m)
+    w = m / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:-100])
+    code, out = invoke("validate", "gptq-int4", "--model", str(m))
+    assert code == 2 and "truncated" in out
+
+
+def test_unsupported_architecture(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "nosuchformer"}))
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
+    code, out = invoke("validate", "gptq-int4", "--model", str(tmp_path))
+    assert code == 2 and "unsupported architecture" in out
+    cfg = {"model_type": "nosuchformer", "auto_map": {"AutoModelForCausalLM": "m.M"}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    code, out = invoke("validate", "gptq-int4", "--model", str(tmp_path))
+    assert code == 2 and "trust_remote_code" in out
+
+
+def test_debug_shows_the_traceback() -> None:
+    env = {"QUANTIZE_DEBUG": "1"}
+    proc = subprocess.run([sys.executable, "-m", "quantize.cli", "run", "gptq-int5"],
+                          capture_output=True, text=True, env={**__import__("os").environ,
+                                                               **env})
+    assert proc.returncode != 0 and "Traceback" in proc.stderr

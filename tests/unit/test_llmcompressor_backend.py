@@ -1,0 +1,65 @@
+"""Each shipped recipe's YAML round-trips to the llm-compressor modifiers it stands for."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantize.backends.llmcompressor import build_modifiers
+from quantize.recipe import load_recipe
+
+
+def _weights(mod):  # type: ignore[no-untyped-def]
+    return mod.config_groups["group_0"].weights
+
+
+def test_gptq_int4() -> None:
+    (gptq,) = build_modifiers(load_recipe("gptq-int4"), 64)
+    assert type(gptq).__name__ == "GPTQModifier"
+    w = _weights(gptq)
+    assert (w.num_bits, w.type, w.symmetric, w.strategy, w.group_size) == (
+        4, "int", True, "group", 64)
+    assert gptq.ignore == ["lm_head"]
+    assert gptq.dampening_frac == 0.01
+    assert gptq.config_groups["group_0"].input_activations is None
+
+
+def test_awq_int4_is_a_transform_then_asymmetric_quantization() -> None:
+    awq, quant = build_modifiers(load_recipe("awq-int4"), 64)
+    assert type(awq).__name__ == "AWQModifier" and awq.n_grid == 20
+    assert type(quant).__name__ == "QuantizationModifier"
+    w = _weights(quant)
+    assert (w.num_bits, w.symmetric, w.group_size) == (4, False, 64)
+
+
+def test_w8a8_is_smoothquant_then_gptq_int8() -> None:
+    sq, gptq = build_modifiers(load_recipe("w8a8-int8"), None)
+    assert type(sq).__name__ == "SmoothQuantModifier" and sq.smoothing_strength == 0.8
+    g = gptq.config_groups["group_0"]
+    assert (g.weights.num_bits, g.weights.strategy) == (8, "channel")
+    assert (g.input_activations.num_bits, g.input_activations.dynamic,
+            g.input_activations.strategy) == (8, True, "token")
+
+
+@pytest.mark.parametrize("name", ["fp8-dynamic", "fp8-kv"])
+def test_fp8(name: str) -> None:
+    (quant,) = build_modifiers(load_recipe(name), None)
+    g = quant.config_groups["group_0"]
+    assert (g.weights.type, g.weights.num_bits, g.input_activations.dynamic) == ("float", 8, True)
+    kv = quant.kv_cache_scheme
+    if name == "fp8-kv":
+        assert (kv.type, kv.num_bits, kv.strategy, kv.dynamic) == ("float", 8, "tensor", False)
+    else:
+        assert kv is None
+
+
+def test_rtn_int2_destructive_control() -> None:
+    (quant,) = build_modifiers(load_recipe("rtn-int2"), 64)
+    assert type(quant).__name__ == "QuantizationModifier"
+    assert _weights(quant).num_bits == 2
+
+
+def test_data_free_recipes_skip_calibration() -> None:
+    assert not load_recipe("fp8-dynamic").needs_calibration
+    assert not load_recipe("rtn-int4").needs_calibration
+    for name in ("gptq-int4", "awq-int4", "w8a8-int8", "fp8-kv"):
+        assert load_recipe(name).needs_calibration
