@@ -81,6 +81,13 @@ def _debug_pause(point: str) -> None:
         time.sleep(float(os.environ.get("QUANTIZE_PAUSE_SECONDS", "3600")))
 
 
+def _absolute(ref: str | None) -> str | None:
+    """A path the user gave, made absolute so `quantize eval RUN` works from any folder."""
+    if ref is not None and Path(ref).exists():
+        return str(Path(ref).resolve())
+    return ref
+
+
 @dataclass
 class RunOptions:
     recipe: str
@@ -148,11 +155,12 @@ class Pipeline:
             "run": self.run_dir.name,
             "model": {"source": self.model.source, "path": str(self.model.path),
                       "fingerprint": model_fingerprint(self.model)},
-            "recipe": {"name": self.recipe.name, "ref": self.opts.recipe,
+            "recipe": {"name": self.recipe.name, "ref": _absolute(self.opts.recipe),
                        "sha256": canonical_hash(self.recipe),
                        "trust_remote_code": self.recipe.trust_remote_code},
             "versions": versions(),
             "device": self.device,
+            "dataset": _absolute(self.opts.dataset),
             "preflight": self.facts,
         })
 
@@ -228,7 +236,8 @@ class Pipeline:
         quant_part = self.recipe.model_dump(
             mode="json", exclude={"description", "calibration", "eval"})
         calib = self.manifest["stages"]["calibrate"]["summary"]
-        inputs = {"recipe": canonical_hash(quant_part), "model": self.manifest["model"],
+        model = {k: self.manifest["model"][k] for k in ("source", "fingerprint")}
+        inputs = {"recipe": canonical_hash(quant_part), "model": model,
                   "calibration": calib["fingerprint"], "group_size": self.facts["group_size"],
                   "device": self.device, "versions": self.manifest["versions"]}
 

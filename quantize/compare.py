@@ -1,0 +1,103 @@
+"""`quantize compare`: one table and one plot across runs, to pick the recipe to ship."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from quantize.artifacts import atomic_write_text
+from quantize.errors import QuantizeError
+
+
+def _load(run_dir: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        ev = json.loads((run_dir / "eval" / "eval.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        raise QuantizeError(f"{run_dir}: needs manifest.json and eval/eval.json; run "
+                            f"`quantize eval {run_dir}` first") from None
+    gate_path = run_dir / "gate" / "gate.json"
+    gate = json.loads(gate_path.read_text()) if gate_path.is_file() else {}
+    stages = manifest["stages"]
+    metrics = {m["name"]: m for m in ev["metrics"]}
+    acc = [m["recovery"] for m in ev["metrics"] if m["kind"] == "multiple_choice"]
+    ppl = [m for m in ev["metrics"] if m["kind"] == "perplexity"]
+    base_bytes = sum(p.stat().st_size for p in Path(manifest["model"]["path"]).glob(
+        "*.safetensors"))
+    return {
+        "run": run_dir.name, "recipe": manifest["recipe"]["name"],
+        "weights_bytes": stages["export"]["summary"]["weights_bytes"],
+        "baseline_bytes": base_bytes,
+        "quantize_s": stages["quantize"]["duration_s"],
+        "eval_s": stages["eval"]["duration_s"],
+        "ppl": ppl[0]["candidate"] if ppl else None,
+        "ppl_baseline": ppl[0]["baseline"] if ppl else None,
+        "ppl_recovery": ppl[0]["recovery"] if ppl else None,
+        "acc_recovery": sum(acc) / len(acc) if acc else None,
+        "metrics": metrics, "verdict": gate.get("verdict", "not gated"),
+    }
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    names = sorted({n for r in rows for n in r["metrics"]})
+    head = ["run", "recipe", "size MiB", "vs base", *[f"{n}" for n in names],
+            "ppl recovery", "mean acc recovery", "quantize s", "gate"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        cells = [r["run"], r["recipe"], f"{r['weights_bytes'] / 2**20:.1f}",
+                 f"{r['baseline_bytes'] / r['weights_bytes']:.2f}×"]
+        for n in names:
+            m = r["metrics"].get(n)
+            cells.append("—" if m is None else f"{m['candidate']:.4g} ({m['recovery']:.1%})")
+        cells += [_fmt(r["ppl_recovery"], ".1%"), _fmt(r["acc_recovery"], ".1%"),
+                  f"{r['quantize_s']:.0f}", r["verdict"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    base = rows[0]
+    note = (f"\nBaseline: {base['baseline_bytes'] / 2**20:.1f} MiB"
+            + (f", perplexity {base['ppl_baseline']:.4g}" if base["ppl_baseline"] else "")
+            + ". Recovery: perplexity baseline/candidate, accuracy candidate/baseline.\n")
+    return "\n".join(lines) + "\n" + note
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    base = rows[0]
+    ax.scatter([base["baseline_bytes"] / 2**20], [1.0], marker="*", s=200, c="black",
+               label="baseline (16-bit)")
+    for r in rows:
+        y = r["ppl_recovery"] if r["ppl_recovery"] is not None else r["acc_recovery"]
+        color = "tab:green" if r["verdict"] == "pass" else "tab:red"
+        ax.scatter([r["weights_bytes"] / 2**20], [y], s=80, c=color)
+        label = r["recipe"] + (f"\nppl {r['ppl']:.3g}" if r["ppl"] else "")
+        if r["acc_recovery"] is not None:
+            label += f", acc {r['acc_recovery']:.0%}"
+        ax.annotate(label, (r["weights_bytes"] / 2**20, y), textcoords="offset points",
+                    xytext=(6, 4), fontsize=8)
+    ax.set_xlabel("weights on disk (MiB)")
+    ax.set_ylabel("perplexity recovery (baseline / candidate)")
+    ax.set_title("size vs quality (green: gate passed, red: failed)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def compare(run_dirs: list[Path], out: Path) -> list[dict[str, Any]]:
+    if not run_dirs:
+        raise QuantizeError("give at least one run folder")
+    rows = [_load(d) for d in run_dirs]
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "compare.md", markdown(rows))
+    plot(rows, out / "compare.png")
+    return rows
