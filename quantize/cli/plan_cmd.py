@@ -1,0 +1,134 @@
+"""`quantize plan`: weights, KV cache and vLLM's budget for every recipe on a GPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from quantize.cli import handle_errors, main
+
+_STATUS = {"fits": "yes", "partial": "fewer users", "no-kv": "no (KV)", "no-fit": "no",
+           "unsupported": "unsupported", "n/a": "n/a"}
+
+
+@main.command("plan")
+@click.argument("model", default="default")
+@click.option("--gpu", "gpu_name", required=True, help="GPU name from the catalog, e.g. rtx5090, "
+              "h100, a100-80gb (see quantize/data/gpus.yaml)")
+@click.option("--gpus", default=1, show_default=True, type=int,
+              help="GPUs per server: the tensor-parallel size planned")
+@click.option("--max-model-len", "context", default=32768, show_default=True, type=int,
+              help="context length every sequence may reach")
+@click.option("--concurrency", default=16, show_default=True, type=int,
+              help="sequences that must fit at once at --max-model-len (vLLM --max-num-seqs)")
+@click.option("--recipes", default="all", show_default=True,
+              help="comma-separated recipe names or YAML paths, or `all`")
+@click.option("--gpu-memory-utilization", "util", default=0.9, show_default=True, type=float)
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto",
+              show_default=True, help="auto: model dtype, fp8 for recipes with kv_cache: fp8")
+@click.option("--max-num-batched-tokens", type=int, default=None,
+              help="vLLM's profile-run size (default: vLLM's default for the GPU)")
+@click.option("--runs", "runs_dir", type=click.Path(path_type=Path), default=Path("runs"),
+              show_default=True, help="where to look for run folders with measured recoveries")
+@click.option("--gpu-file", type=click.Path(path_type=Path), default=None,
+              help="extra GPU catalog YAML (same format as quantize/data/gpus.yaml)")
+@click.option("--vllm-profile", type=click.Choice(["0.19", "0.11"]), default="0.19",
+              show_default=True, help="vLLM release whose profile-run constants to use")
+@click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
+@handle_errors
+def plan_cmd(model: str, gpu_name: str, gpus: int, context: int, concurrency: int, recipes: str,
+             util: float, kv_cache_dtype: str, max_num_batched_tokens: int | None,
+             runs_dir: Path, gpu_file: Path | None, vllm_profile: str, as_json: bool) -> None:
+    """Which recipe lets MODEL serve --max-model-len tokens to --concurrency users on --gpus
+    x --gpu, and the `vllm serve` command for it. MODEL: a built-in model (e.g.
+    meta-llama/Llama-3.1-70B-Instruct), a Hub id, a local folder or a run folder; only
+    config.json is read."""
+    from quantize.gpus import find
+    from quantize.plan import PlanRequest, make_plan
+
+    req = PlanRequest(model=model, gpu=find(gpu_name, gpu_file), gpus=gpus, context=context,
+                      concurrency=concurrency, recipes=[recipes], util=util,
+                      kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=max_num_batched_tokens,
+                      runs_dir=runs_dir, profile=vllm_profile)
+    plan = make_plan(req)
+    if as_json:
+        click.echo(json.dumps(plan.to_dict(), indent=2, default=str))
+        return
+    for line in render(plan):
+        click.echo(line)
+
+
+def _accuracy(value: float, source: str) -> str:
+    tag = "measured" if source.startswith("measured") else source
+    return f"{value:.1%} ({tag})"
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.2f}"
+
+
+def render(plan: object) -> list[str]:
+    """The plan as plain text (copy-pasteable; no terminal-width wrapping)."""
+    from quantize.plan import GIB, TP_CANDIDATES, Plan
+
+    assert isinstance(plan, Plan)
+    req, gpu = plan.request, plan.request.gpu
+    out = [f"{plan.source.name} ({plan.source.origin}) on {req.gpus} x {gpu.label} "
+           f"({gpu.memory_gib} GiB each), {req.context:,}-token context, {req.concurrency} "
+           f"sequences, gpu_memory_utilization {req.util}",
+           f"KV model: {plan.kv_model}",
+           f"vLLM profile run: max_num_batched_tokens {plan.batched}, max_num_seqs "
+           f"{req.concurrency}; constants from vLLM {req.profile} logs", ""]
+    head = ("recipe", "format", "weights/GPU", "KV B/tok", "KV tokens", "max seqs", "fits",
+            "min TP", "accuracy")
+    rows = [head]
+    for r in plan.rows:
+        m = r.memory
+        weights = (m.weights if m else r.weights_total) or 0
+        mark = " (export)" if r.weights_source.startswith("exported") else ""
+        rows.append((r.recipe, r.scheme, f"{_gib(weights)} GiB{mark}" if weights else "-",
+                     f"{m.kv_bytes_per_token:,}" if m else "-",
+                     f"{m.kv_tokens:,}" if m else "-",
+                     f"{m.max_sequences}" if m else "-",
+                     _STATUS.get(r.status, r.status),
+                     str(r.min_tp) if r.min_tp else "-" if r.status in ("n/a", "unsupported")
+                     else f">{TP_CANDIDATES[-1]}",
+                     _accuracy(r.accuracy, r.accuracy_source)))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
+    for row in rows:
+        out.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    out.append("")
+    for r in plan.rows:
+        for text in dict.fromkeys((r.reason, r.gpu_note)):
+            if text:
+                out.append(f"  {r.recipe}: {text}")
+    rec = plan.recommendation
+    out.append("")
+    if rec is None or rec.memory is None:
+        out.append(f"Recommendation: nothing starts on {req.gpus} x {gpu.name} with "
+                   f"--max-model-len {req.context:,}.")
+    else:
+        m = rec.memory
+        verdict = ("serves all" if plan.recommendation_kind == "fits"
+                   else f"serves only {m.max_sequences} of")
+        out.append(f"Recommendation: {rec.recipe} ({rec.scheme}) with TP={req.gpus} {verdict} "
+                   f"{req.concurrency} sequences of {req.context:,} tokens: {m.max_sequences} "
+                   f"fit ({m.max_concurrency:.2f}x, {m.kv_tokens:,} KV tokens).")
+        out.append(f"  per GPU: {_gib(m.total)} GiB x {req.util} = {_gib(m.requested)} GiB; "
+                   f"weights {_gib(m.weights)}, activation peak {_gib(m.activation)} "
+                   f"(forward {_gib(m.activation_forward)}, sampler {_gib(m.activation_sampler)}), "
+                   f"non-torch {_gib(m.nontorch)} -> KV {_gib(m.available)} GiB")
+        out.append(f"  KV grows linearly: {m.kv_bytes_per_token:,} B/token x {req.context:,} "
+                   f"tokens = {m.request_bytes / GIB:.2f} GiB per sequence per GPU, x "
+                   f"{req.concurrency} sequences = {req.concurrency * m.request_bytes / GIB:.1f} "
+                   "GiB")
+        out.append("")
+        out.append(rec.serve or "")
+    for hint in plan.hints:
+        out.append(f"hint: {hint}")
+    if plan.notes:
+        out.append("")
+        out.extend(f"note: {n}" for n in plan.notes)
+    return out
