@@ -1,0 +1,349 @@
+"""publish without a Hub: naming, the model card, refusals, the dry run, credentials.
+
+The run folders here are synthetic (tiny files in the run-folder contract's shape, hashed
+into a manifest exactly as the pipeline does), so these tests take a few seconds; the
+integration tests publish a real pipeline export to a local fake Hub.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from huggingface_hub import ModelCard
+from safetensors.numpy import save_file
+
+from quantize.artifacts import hash_tree, read_manifest, write_manifest
+from quantize.cli import main
+from quantize.errors import PublishError
+from quantize.modelcard import default_repo_name, kv_bytes_per_token
+from quantize.recipe import load_recipe
+from quantize.stages.publish import PublishOptions, publish, redact
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hubserver import write_eval_gate
+
+FAKE_TOKEN = "hf_QuantizeFakeToken0123456789XYZ"
+RECIPE = """name: tiny-gptq
+description: a test recipe
+method: gptq
+scheme: W4A16
+group_size: 64
+ignore: [lm_head]
+"""
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+          "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "dtype": "float16",
+          "tie_word_embeddings": True}
+QCONFIG = {"quant_method": "compressed-tensors", "format": "pack-quantized", "version": "0.19.0",
+           "ignore": ["lm_head"], "kv_cache_scheme": None,
+           "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
+                                         "weights": {"num_bits": 4, "type": "int",
+                                                     "symmetric": True, "strategy": "group",
+                                                     "group_size": 64}}}}
+CALIBRATION = {"fingerprint": "ab" * 32, "num_samples": 4, "seq_len": 64, "tokens": 256,
+               "spec": {"name": "wiki", "builtin": "wiki", "description": "test text"}}
+VERSIONS = {"quantize": "0.1.0", "llmcompressor": "0.14.0.1", "compressed-tensors": "0.19.0"}
+
+
+def make_run(root: Path, *, source: str | None = None, gate: str | None = "pass") -> Path:
+    """A run folder with a finished export (and eval/gate unless gate=None)."""
+    base = root / "Tiny-Base"
+    base.mkdir(parents=True)
+    (base / "config.json").write_text(json.dumps(CONFIG))
+    save_file({"w": np.zeros((64, 64), dtype=np.float16)}, str(base / "model.safetensors"))
+    (base / "README.md").write_text("---\nlicense: mit\n---\n# Tiny base\n")
+    run = root / "run"
+    export = run / "export"
+    export.mkdir(parents=True)
+    (export / "config.json").write_text(json.dumps({**CONFIG, "quantization_config": QCONFIG}))
+    save_file({"w_packed": np.zeros((64, 8), dtype=np.int32)}, str(export / "model.safetensors"))
+    for name, text in (("tokenizer.json", "{}"), ("tokenizer_config.json", "{}"),
+                       ("generation_config.json", "{}"), ("recipe.yaml", RECIPE),
+                       ("chat_template.jinja", "{{ messages }}"),
+                       ("llmcompressor_recipe.yaml", "default_stage: {}\n")):
+        (export / name).write_text(text)
+    model = {"source": source or str(base), "path": str(base), "fingerprint": "cd" * 32}
+    (export / "manifest.json").write_text(json.dumps(
+        {"model": model, "versions": VERSIONS, "calibration": CALIBRATION,
+         "files": hash_tree(export)}))
+    write_manifest(run, {
+        "schema": 1, "run": "run", "model": model,
+        "recipe": {"name": "tiny-gptq", "sha256": "ef" * 32, "trust_remote_code": False},
+        "versions": VERSIONS, "device": "cpu", "preflight": {"group_size": 64, "layers": 14},
+        "stages": {"export": {"key": "e" * 64, "inputs": {}, "status": "done",
+                              "outputs": hash_tree(export), "summary": {}}}})
+    if gate is not None:
+        write_eval_gate(run, fail=gate == "fail")
+    return run
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("the test tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def dry(run: Path, **kw: Any) -> Any:
+    return publish(PublishOptions(run=run, org="acme", dry_run=True, **kw))
+
+
+# --- naming -------------------------------------------------------------------------------
+@pytest.mark.parametrize(("recipe", "tag"), [
+    ("gptq-int4", "W4A16"), ("rtn-int4", "W4A16"), ("awq-int4", "W4A16-asym"),
+    ("w8a8-int8", "W8A8"), ("fp8-dynamic", "FP8-dynamic"), ("fp8-kv", "FP8-KV"),
+    ("rtn-int2", "W2A16")])
+def test_default_repo_name_follows_known_conventions(recipe: str, tag: str) -> None:
+    assert default_repo_name("SmolLM2-135M-Instruct", load_recipe(recipe)) == \
+        f"SmolLM2-135M-Instruct-{tag}"
+
+
+@pytest.mark.parametrize(("org", "name"), [("acme", "bad--name"), ("ac me", None),
+                                           ("acme", "-lead"), ("acme", "x" * 97)])
+def test_invalid_hub_names_are_refused(tmp_path: Path, org: str, name: str | None) -> None:
+    run = make_run(tmp_path)
+    with pytest.raises(PublishError, match="not a valid Hub name"):
+        publish(PublishOptions(run=run, org=org, name=name, dry_run=True))
+
+
+def test_kv_bytes_per_token_from_config() -> None:
+    smol = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+            "hidden_size": 576}
+    assert kv_bytes_per_token(smol, 2) == 2 * 30 * 3 * 64 * 2
+    assert kv_bytes_per_token({**smol, "head_dim": 32}, 1) == 2 * 30 * 3 * 32
+    assert kv_bytes_per_token({"hidden_size": 8}, 2) is None
+
+
+# --- the card and the dry run ------------------------------------------------------------
+def test_dry_run_writes_repo_contents_and_card(tmp_path: Path, no_network: None) -> None:
+    run = make_run(tmp_path)
+    res = dry(run, base_model="acme-base/Tiny-Base")
+    assert res.repo_id == "acme/Tiny-Base-W4A16" and res.commit is None
+    export_files = set(hash_tree(run / "export")) - {"manifest.json"}
+    assert set(res.files) == export_files | {"README.md", "quantize/export-manifest.json",
+                                             "quantize/eval.json", "quantize/gate.json"}
+    for rel in export_files:  # the export's files, unchanged
+        assert res.files[rel][1] == hash_tree(run / "export")[rel]
+    shipped = (res.folder / "quantize" / "export-manifest.json").read_text()
+    assert str(tmp_path) not in shipped  # local paths scrubbed
+
+    card = ModelCard.load(res.folder / "README.md")
+    meta = card.data.to_dict()
+    assert meta["base_model"] == "acme-base/Tiny-Base"
+    assert meta["base_model_relation"] == "quantized"
+    assert meta["license"] == "mit"  # inherited from the base model's README
+    assert meta["library_name"] == "transformers"
+    assert {"quantized", "w4a16", "vllm", "compressed-tensors", "gptq"} <= set(meta["tags"])
+    ev = json.loads((run / "eval" / "eval.json").read_text())
+    gate = json.loads((run / "gate" / "gate.json").read_text())
+    results = {r.dataset_name: r for r in card.data.eval_results}
+    assert len(results) == len(ev["metrics"])
+    for m in ev["metrics"]:
+        match = [r for r in results.values() if r.metric_value == round(m["candidate"], 6)]
+        assert match, m["name"]
+    text = card.text
+    for row in gate["rows"]:
+        assert f"{row['recovery']:.1%}" in text and f"{row['threshold']:.1%}" in text
+    assert f"**Release gate: {gate['verdict'].upper()}**" in text
+    assert "physical_intuition" in text and "warnings: physical_intuition" in text
+    assert CALIBRATION["fingerprint"] in text and "4 × 64 tokens" in text
+    assert "groups of 64" in text and "`lm_head`" in text
+    assert "Not verified" in text
+    assert "vllm serve acme/Tiny-Base-W4A16\n" in text
+    assert 'AutoModelForCausalLM.from_pretrained("acme/Tiny-Base-W4A16"' in text
+    assert f"{2 * 2 * 2 * 16 * 2:,} B" in text  # KV bytes/token: 2 × layers × kv × dim × 2
+    assert RECIPE.strip() in text
+    assert "| quantize | 0.1.0 |" in text
+
+
+def test_default_model_gets_its_hub_id_licence_and_provenance_note(tmp_path: Path) -> None:
+    run = make_run(tmp_path, source="default")
+    (tmp_path / "Tiny-Base" / "README.md").unlink()
+    res = dry(run)
+    assert res.repo_id == "acme/SmolLM2-135M-Instruct-W4A16"
+    card = ModelCard.load(res.folder / "README.md")
+    assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert card.data.license == "apache-2.0"
+    assert "Q4_1 GGUF" in card.text
+
+
+def test_unknown_base_model_has_no_base_model_field(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    res = dry(make_run(tmp_path), name="tiny")
+    card = ModelCard.load(res.folder / "README.md")
+    assert card.data.base_model is None and "base_model_relation" not in card.data.to_dict()
+    assert "--base-model" in capsys.readouterr().err
+
+
+VERIFY = {"checkpoint": "", "format": "W4A16 pack-quantized", "host": "cpu, vLLM 0.32.0",
+          "tp": 1, "kv_cache_dtype": "auto", "level": "vllm", "verdict": "pass",
+          "metrics": {"agreement": 1.0}, "passed": True, "duration_s": 12.5,
+          "result": "vLLM 0.32.0 loaded it; greedy agreement with transformers 100.0%"}
+
+
+def write_verify(run: Path, **kw: Any) -> None:
+    """verify.json as `quantize verify` writes it (no manifest entry)."""
+    (run / "verify").mkdir(exist_ok=True)
+    data = {**VERIFY, "checkpoint": str(run / "export"), **kw}
+    (run / "verify" / "verify.json").write_text(json.dumps(data))
+
+
+def test_verify_result_is_shown(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    write_verify(run)
+    res = dry(run)
+    text = (res.folder / "README.md").read_text()
+    assert "Verification level `vllm`" in text and "**passed**" in text
+    assert VERIFY["result"] in text and "| format | W4A16 pack-quantized |" in text
+    assert str(tmp_path) not in text  # the checkpoint's local path stays out
+    assert "quantize/verify.json" in res.files
+
+
+def test_verify_older_than_the_export_is_ignored(tmp_path: Path) -> None:
+    import datetime as dt
+
+    run = make_run(tmp_path)
+    write_verify(run)
+    m = read_manifest(run)
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=5)
+    m["stages"]["export"]["ended"] = later.isoformat(timespec="seconds")
+    write_manifest(run, m)
+    res = dry(run)
+    assert "Not verified" in (res.folder / "README.md").read_text()
+    assert "quantize/verify.json" not in res.files
+
+
+def test_verify_recorded_for_an_older_export_is_refused(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    write_verify(run)
+    m = read_manifest(run)
+    m["stages"]["verify"] = {"key": "v" * 64, "status": "done", "inputs": {"export": "0" * 64},
+                             "outputs": hash_tree(run / "verify"), "summary": {}}
+    write_manifest(run, m)
+    with pytest.raises(PublishError, match="verify result belongs to an older export"):
+        dry(run)
+
+
+# --- refusals ----------------------------------------------------------------------------
+def test_failed_gate_is_refused_and_force_says_so_in_the_card(tmp_path: Path) -> None:
+    run = make_run(tmp_path, gate="fail")
+    with pytest.raises(PublishError, match=r"gate failed on wiki_ppl.*--force"):
+        dry(run)
+    res = dry(run, force=True)
+    assert res.forced
+    text = (res.folder / "README.md").read_text()
+    assert "Published with `--force` although the release gate failed" in text
+    assert "**Release gate: FAIL** (blocking failures: wiki_ppl" in text
+
+
+def test_ungated_run_is_refused(tmp_path: Path) -> None:
+    run = make_run(tmp_path, gate=None)
+    with pytest.raises(PublishError, match=r"not been evaluated and gated.*quantize gate"):
+        dry(run)
+    text = (dry(run, force=True).folder / "README.md").read_text()
+    assert "without a release gate" in text and "Not evaluated" in text
+
+
+@pytest.mark.parametrize(("damage", "match"), [
+    (lambda e: (e / "tokenizer.json").unlink(), "lacks.*tokenizer.json.*incomplete"),
+    (lambda e: (e / "config.json").write_text("{}"), "config.json does not match its recorded"),
+    (lambda e: (e / "model.safetensors").write_bytes(b"x"), "does not match its recorded"),
+])
+def test_damaged_export_is_refused_even_with_force(tmp_path: Path, damage: Any,
+                                                    match: str) -> None:
+    run = make_run(tmp_path)
+    damage(run / "export")
+    with pytest.raises(PublishError, match=match):
+        dry(run, force=True)
+
+
+def test_changed_eval_result_is_refused(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    ev = json.loads((run / "eval" / "eval.json").read_text())
+    ev["metrics"][0]["candidate"] = 1.0  # a prettier number typed in by hand
+    (run / "eval" / "eval.json").write_text(json.dumps(ev))
+    with pytest.raises(PublishError, match=r"eval\.json does not match its recorded sha256"):
+        dry(run, force=True)
+
+
+def test_gate_of_an_older_export_is_refused(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    m = read_manifest(run)
+    m["stages"]["eval"]["inputs"]["export"] = "0" * 64
+    write_manifest(run, m)
+    with pytest.raises(PublishError, match="older export"):
+        dry(run, force=True)
+
+
+def test_failed_verification_is_refused(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    write_verify(run, passed=False, verdict="fail", result="greedy agreement 41.0%")
+    with pytest.raises(PublishError, match=r"verification at level 'vllm' failed \(greedy"):
+        dry(run, force=True)
+
+
+def test_not_a_run_folder(tmp_path: Path) -> None:
+    with pytest.raises(PublishError, match="not a run folder"):
+        dry(tmp_path)
+
+
+# --- credentials -------------------------------------------------------------------------
+def test_no_token_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   no_network: None) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # conftest makes tests offline
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    with pytest.raises(PublishError, match="no Hugging Face token: set HF_TOKEN or run `hf"):
+        publish(PublishOptions(run=make_run(tmp_path), org="acme"))
+
+
+def test_offline_mode_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(PublishError, match="HF_HUB_OFFLINE"):
+        publish(PublishOptions(run=make_run(tmp_path), org="acme"))
+
+
+def test_redact_removes_the_token_and_token_like_strings() -> None:
+    text = f"401 for Bearer {FAKE_TOKEN}; other hf_abcdefghijklmnop"
+    out = redact(text, FAKE_TOKEN)
+    assert FAKE_TOKEN not in out and "hf_abcdefghijklmnop" not in out and "***" in out
+
+
+# --- the command -------------------------------------------------------------------------
+def test_cli_dry_run_lists_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 no_network: None) -> None:
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    run = make_run(tmp_path)
+    out = tmp_path / "repo"
+    res = CliRunner().invoke(main, ["publish", str(run), "--org", "acme", "--dry-run",
+                                    "--out", str(out), "--base-model", "acme-base/Tiny-Base"])
+    assert res.exit_code == 0, res.output
+    assert "dry run: nothing was uploaded" in res.output
+    assert "acme/Tiny-Base-W4A16 (private)" in res.output
+    for rel in ("README.md", "model.safetensors", "quantize/gate.json"):
+        assert rel in res.output and (out / rel).is_file()
+    assert FAKE_TOKEN not in res.output
+    again = CliRunner().invoke(main, ["publish", str(run), "--org", "acme", "--dry-run",
+                                      "--out", str(out)])
+    assert again.exit_code == 2 and "exists and is not empty" in again.output
+
+
+def test_cli_refusal_exits_2_with_one_line(tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["publish", str(make_run(tmp_path, gate="fail")),
+                                    "--org", "acme", "--dry-run"])
+    assert res.exit_code == 2
+    assert res.output.strip().startswith("error: refused: the release gate failed on wiki_ppl")
