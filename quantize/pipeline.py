@@ -242,6 +242,9 @@ class Pipeline:
                   "device": self.device, "versions": self.manifest["versions"]}
 
         def execute(out: Path) -> dict[str, Any]:
+            from quantize.resources import check_host_memory
+
+            self.facts["memory"] = check_host_memory(self.model.config, self.device)
             samples = calibrate.load(self.run_dir / "calibrate")
             job = QuantizeJob(self.model.path, self.recipe, self.facts["group_size"],
                               samples if self.recipe.needs_calibration else [], self.device)

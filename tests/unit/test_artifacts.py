@@ -85,3 +85,23 @@ def test_lock_refuses_a_live_owner_and_clears_a_dead_one(tmp_path: Path) -> None
     with run_lock(tmp_path):
         assert (tmp_path / ".lock").read_text() == str(os.getpid())
     assert not (tmp_path / ".lock").exists()
+
+
+def test_memory_check_refuses_early_with_the_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import psutil
+
+    from quantize.resources import ResourceError, check_host_memory
+
+    config = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "vocab_size": 1000}
+    facts = check_host_memory(config, "cpu")
+    assert 0 < facts["host_ram_needed_gib"] < facts["host_ram_free_gib"]
+
+    class Tiny:
+        available = 1024
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Tiny())
+    with pytest.raises(ResourceError, match=r"needs about .* GiB of host RAM and 0\.0 GiB is "
+                                            r"free; .*--device cuda"):
+        check_host_memory(config, "cpu")
