@@ -34,12 +34,38 @@ MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 
 
+# sha256 of files this process already read, keyed by (device, inode, size, mtime): a rename
+# keeps the key, any write changes it. Measured on an 8B export (bench/RESULTS.md): hashing
+# each checkpoint three times cost 16-25 s per run; now each file is read once.
+_HASHED: dict[tuple[int, int, int, int], str] = {}
+
+
+def _key(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def sha256_file(path: Path) -> str:
+    key = _key(os.stat(path))
+    if key in _HASHED:
+        return _HASHED[key]
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
-    return h.hexdigest()
+    _HASHED[key] = h.hexdigest()
+    return _HASHED[key]
+
+
+def copy_hashed(src: Path, dst: Path) -> str:
+    """Copy a file and hash it in the same pass (one read instead of two)."""
+    h = hashlib.sha256()
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        while chunk := fin.read(_CHUNK):
+            h.update(chunk)
+            fout.write(chunk)
+    shutil.copystat(src, dst)
+    _HASHED[_key(os.stat(dst))] = h.hexdigest()
+    return _HASHED[_key(os.stat(dst))]
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -92,7 +118,10 @@ def tmp_dir_for(final: Path) -> Path:
 def atomic_dir(final: Path) -> Iterator[Path]:
     """Yield an empty temporary folder; on success it replaces `final`, on error it is removed.
 
-    A leftover `.NAME.partial` from a killed run is deleted first: never reused.
+    A leftover `.NAME.partial` from a killed run is deleted first: never reused. Data files
+    are not fsynced one by one (that cost seconds per GB): the manifest entry written after
+    the rename holds every file's sha256, and a later run re-checks them before reusing a
+    stage, so a file torn by a power loss is rebuilt, never trusted.
     """
     tmp = tmp_dir_for(final)
     if tmp.exists():
@@ -103,10 +132,6 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for f in tmp.rglob("*"):
-        if f.is_file():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
     if final.exists():
         old = final.parent / f".{final.name}.old"
         shutil.rmtree(old, ignore_errors=True)

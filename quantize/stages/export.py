@@ -9,11 +9,10 @@ hash, calibration fingerprint, versions, stage timings, sha256 of every other fi
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
-from quantize.artifacts import atomic_write_json, atomic_write_text, hash_tree
+from quantize.artifacts import atomic_write_json, atomic_write_text, copy_hashed, hash_tree
 from quantize.errors import ExportError
 
 NAME = "export"
@@ -42,7 +41,7 @@ def run(quantized: Path, recipe_text: str, manifest: dict[str, Any], out: Path) 
     config = check_checkpoint(quantized)
     for f in sorted(quantized.iterdir()):
         if f.is_file():
-            shutil.copy2(f, out / f.name)
+            copy_hashed(f, out / f.name)
     atomic_write_text(out / "recipe.yaml", recipe_text)
     files = hash_tree(out)
     atomic_write_json(out / "manifest.json", {**manifest, "files": files})
