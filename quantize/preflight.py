@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from quantize.errors import PreflightError
+from quantize.errors import PreflightError, QuantizeError
+from quantize.progress import info
 from quantize.recipe import SCHEMES, Recipe
 
 _AUTO_CANDIDATES = (128, 64, 32, 16)
@@ -69,9 +70,19 @@ def resolve_group_size(recipe: Recipe, layers: list[Layer]) -> int | None:
     return gs
 
 
-def check(recipe: Recipe, config: dict[str, Any]) -> dict[str, Any]:
-    """All pre-flight checks; returns the facts later stages need (resolved group size...)."""
-    model = meta_model(config, trust_remote_code=recipe.trust_remote_code)
+def check(recipe: Recipe, config: dict[str, Any], tp: int = 1) -> dict[str, Any]:
+    """All pre-flight checks; returns the facts later stages need (resolved group size...).
+
+    `tp` is the tensor-parallel size the export will be served with; `warnings` lists what
+    loads but runs slower (e.g. Marlin tile padding)."""
+    check_architecture(config)
+    try:
+        model = meta_model(config, trust_remote_code=recipe.trust_remote_code)
+    except (ValueError, KeyError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise PreflightError(f"unsupported architecture: transformers cannot build model_type "
+                             f"{config.get('model_type')!r} ({first}); use a supported model "
+                             "or upgrade transformers") from None
     layers = targeted_layers(model, recipe.targets, recipe.ignore)
     if not layers:
         raise PreflightError(f"targets {recipe.targets} minus ignore {recipe.ignore} match no "
@@ -85,11 +96,183 @@ def check(recipe: Recipe, config: dict[str, Any]) -> dict[str, Any]:
             resolve_group_size(recipe.model_copy(update={"scheme": ov.scheme,
                                                          "group_size": ov.group_size}), sub)
     names = {n for n, _ in model.named_modules()}
-    if recipe.kv_cache and not any(n.endswith(("k_proj", "v_proj")) for n in names):
+    # Leaf names, not suffixes: Phi-3's fused "qkv_proj" ends with "v_proj" too.
+    leaves = {n.rpartition(".")[2] for n in names}
+    if recipe.kv_cache and not {"k_proj", "v_proj"} <= leaves:
         raise PreflightError("kv_cache: fp8 needs separate k_proj/v_proj layers, which this "
                              "model lacks; remove kv_cache from the recipe")
     tied = bool(config.get("tie_word_embeddings"))
     if tied and any(lay.name.endswith("lm_head") for lay in layers):
         raise PreflightError("lm_head is tied to the input embeddings, so quantizing it would "
                              "also change the embeddings; add lm_head to `ignore`")
-    return {"group_size": group_size, "layers": len(layers)}
+    schemes = layer_schemes(model, recipe, group_size)
+    check_fused_schemes(schemes)
+    warnings = check_tensor_parallel(config, model, schemes, tp)
+    for w in warnings:
+        info(f"[dim]note: {w}[/dim]")
+    return {"group_size": group_size, "layers": len(layers), "tp": tp, "warnings": warnings}
+
+
+# --- vLLM-side checks ---------------------------------------------------------------------
+# vLLM fuses these sibling layers into one (QKVParallelLinear, MergedColumnParallelLinear); the
+# names are the `packed_modules_mapping` of its Llama/Mistral/Qwen/... model classes.
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"))
+# Layers whose input dimension vLLM shards across tensor-parallel ranks (RowParallelLinear);
+# every other Linear is column-parallel (output dimension sharded).
+ROW_PARALLEL = ("o_proj", "down_proj", "out_proj", "dense_4h_to_h", "fc2", "c_proj", "wo", "w2")
+# Marlin, vLLM's GPU kernel for INT4/INT8 weight-only layers, as of vLLM 0.32:
+# vllm/model_executor/kernels/linear/mixed_precision/marlin.py (can_implement: group sizes,
+# "a group straddling TP ranks cannot be fixed by padding") and
+# vllm/model_executor/layers/quantization/utils/marlin_utils.py (MARLIN_SUPPORTED_GROUP_SIZES;
+# marlin_padded_nk: shards need N % 64 and K % 128, or N % 128 and K % 64, else they are
+# zero-padded on every forward - slower, no longer an error since tile padding was added).
+MARLIN_GROUP_SIZES = (32, 64, 128)
+MARLIN_TILES = ((64, 128), (128, 64))  # (N, K) families
+
+
+@dataclass(frozen=True)
+class LayerScheme:
+    layer: Layer
+    scheme: str | None  # None: left unquantized
+    group_size: int | None
+
+
+def layer_schemes(model: Any, recipe: Recipe, group_size: int | None) -> list[LayerScheme]:
+    """Every Linear with the scheme it gets: the recipe's, an override's (later overrides win,
+    as compressed-tensors applies config groups in order), or None when ignored/untargeted."""
+    every = targeted_layers(model, ["Linear"], [])
+    got: dict[str, tuple[str | None, int | None]] = {lay.name: (None, None) for lay in every}
+    for lay in targeted_layers(model, recipe.targets, recipe.ignore):
+        got[lay.name] = (recipe.scheme, group_size)
+    for ov in recipe.overrides:
+        gs = ov.group_size if isinstance(ov.group_size, int) else group_size
+        for lay in targeted_layers(model, ov.targets, recipe.ignore):
+            got[lay.name] = (ov.scheme, gs if SCHEMES[ov.scheme].group else None)
+    return [LayerScheme(lay, *got[lay.name]) for lay in every]
+
+
+def _describe(ls: LayerScheme) -> str:
+    if ls.scheme is None:
+        return "unquantized"
+    return ls.scheme + (f" g{ls.group_size}" if ls.group_size else "")
+
+
+def check_fused_schemes(schemes: list[LayerScheme]) -> None:
+    """All shards of a layer vLLM fuses must share one scheme: vLLM refuses "some but not all
+    shards of ... are quantized" (vllm/model_executor/layers/quantization/utils/quant_utils.py
+    is_layer_skipped) and matches one scheme per fused layer
+    (quantization/compressed_tensors/utils.py find_matched_target)."""
+    by_name = {ls.layer.name: ls for ls in schemes}
+    for ls in schemes:
+        parent, _, leaf = ls.layer.name.rpartition(".")
+        for group in FUSED_GROUPS:
+            if leaf != group[0]:
+                continue
+            shards = [by_name[f"{parent}.{g}"] for g in group if f"{parent}.{g}" in by_name]
+            kinds = {(s.scheme, s.group_size) for s in shards}
+            if len(kinds) > 1:
+                detail = ", ".join(f"{s.layer.name.rpartition('.')[2]} {_describe(s)}"
+                                   for s in shards)
+                raise PreflightError(
+                    f"{parent}: {'/'.join(group)} are fused into one layer in vLLM but would "
+                    f"get different schemes ({detail}); give all of them the same scheme "
+                    "(list all or none of them in the override / ignore)")
+
+
+def _heads_check(config: dict[str, Any], tp: int) -> None:
+    heads = config.get("num_attention_heads")
+    if heads and heads % tp:
+        ok = [d for d in range(1, heads + 1) if heads % d == 0]
+        raise PreflightError(
+            f"--tp {tp}: num_attention_heads {heads} is not divisible by {tp}, so vLLM "
+            f"refuses the model (vllm/config/model.py); use a tp in {ok}")
+    kv = config.get("num_key_value_heads") or heads
+    if kv and (kv % tp if kv >= tp else tp % kv):
+        raise PreflightError(
+            f"--tp {tp}: num_key_value_heads {kv} cannot be split or replicated over {tp} "
+            "ranks (vllm/model_executor/layers/linear.py QKVParallelLinear); use a tp that "
+            f"divides {kv} or a multiple of it")
+
+
+def check_tensor_parallel(config: dict[str, Any], model: Any, schemes: list[LayerScheme],
+                          tp: int) -> list[str]:
+    """Sharded dimensions against tp, the group size and the kernels' tiles. Raises for what
+    vLLM refuses to load; returns warnings for what it pads (slower but correct)."""
+    if tp < 1:
+        raise PreflightError(f"--tp {tp}: tensor parallelism needs a positive integer")
+    _heads_check(config, tp)
+    warnings: list[str] = []
+    padded: list[str] = []
+    for ls in schemes:
+        lay = ls.layer
+        if lay.name.endswith("lm_head"):
+            continue  # vocab-parallel: vLLM pads the vocabulary itself
+        row = lay.name.rpartition(".")[2] in ROW_PARALLEL
+        dim_name, dim = ("in_features", lay.in_features) if row else (
+            "out_features", lay.out_features)
+        if dim % tp:
+            raise PreflightError(
+                f"--tp {tp}: {lay.name} shards its {dim_name} ({dim}) over {tp} ranks, which "
+                f"does not divide; use a tp that divides {dim}")
+        if ls.scheme is None or not SCHEMES[ls.scheme].group:
+            continue
+        k, n = (lay.in_features // tp, lay.out_features) if row else (
+            lay.in_features, lay.out_features // tp)
+        gs = ls.group_size
+        if gs and row and k % gs:
+            raise PreflightError(
+                f"--tp {tp}: {lay.name} has in_features {lay.in_features}, {k} per rank, "
+                f"which group_size {gs} does not divide (a group would straddle two ranks: "
+                f"vLLM refuses it); use a group_size dividing {k}, or a tp with "
+                f"{lay.in_features} % (group_size × tp) == 0")
+        if not any(n % tn == 0 and k % tk == 0 for tn, tk in MARLIN_TILES):
+            padded.append(f"{lay.name} (N={n}, K={k})")
+    grouped = {ls.group_size for ls in schemes if ls.scheme and SCHEMES[ls.scheme].group}
+    odd = sorted(g for g in grouped if g and g not in MARLIN_GROUP_SIZES)
+    if odd:
+        warnings.append(f"group_size {odd} is not one Marlin takes ({MARLIN_GROUP_SIZES} or "
+                        "per-channel): on a GPU vLLM falls back to a slower kernel; use 32, "
+                        "64 or 128")
+    if padded:
+        warnings.append(
+            f"{len(padded)} layer shard(s) miss Marlin's tiles (N%64 and K%128, or N%128 and "
+            f"K%64), e.g. {padded[0]}: on a GPU vLLM zero-pads them on every forward "
+            "(correct, slower)")
+    return warnings
+
+
+def _vllm_registry_text() -> tuple[str, str] | None:
+    """(vLLM version, its model registry source) from the vLLM environment, read as text so
+    that pre-flight stays fast and works without importing vLLM."""
+    from quantize.capabilities import find_vllm_python
+
+    try:
+        python = find_vllm_python()
+    except QuantizeError:
+        return None
+    if python is None:
+        return None
+    venv = python.parent.parent
+    for reg in venv.glob("lib/python*/site-packages/vllm/model_executor/models/registry.py"):
+        dist = sorted(reg.parents[3].glob("vllm*.dist-info"))
+        version = dist[0].name.removesuffix(".dist-info").split("-")[1] if dist else "?"
+        return version, reg.read_text(errors="replace")
+    return None
+
+
+def check_architecture(config: dict[str, Any]) -> None:
+    """The model class vLLM will build: config.json must name one, and when the vLLM
+    environment is present its registry must know it."""
+    archs = config.get("architectures") or []
+    if not archs:
+        raise PreflightError("config.json has no `architectures`; vLLM picks the model class "
+                             "from it - add e.g. [\"LlamaForCausalLM\"]")
+    found = _vllm_registry_text()
+    if found is None:
+        return
+    version, text = found
+    if not any(f'"{a}":' in text for a in archs):
+        raise PreflightError(
+            f"architecture {archs[0]} is not in vLLM {version}'s model registry "
+            "(vllm/model_executor/models/registry.py), so the export would not load in vLLM; "
+            "use a supported model or upgrade vLLM (`make vllm-env`)")

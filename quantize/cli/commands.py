@@ -27,6 +27,7 @@ def _run_options(fn: Any) -> Any:
                      help="re-run this stage even if its inputs are unchanged (repeatable)"),
         click.option("--allow-pickle", is_flag=True,
                      help="accept .bin/.pt weights (pickle can run code: trusted sources only)"),
+        click.option("--suite", default=None, help="eval suite (default: the recipe's)"),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -35,13 +36,41 @@ def _run_options(fn: Any) -> Any:
 
 def _run(until: str, **kw: Any) -> None:
     from quantize.pipeline import RunOptions, run
-    from quantize.report import print_summary
 
     opts = RunOptions(recipe=kw["recipe"], model=kw["model"], dataset=kw["dataset"],
                       out=kw["out"], device=kw["device"], until=until, rerun=kw["rerun"],
-                      allow_pickle=kw["allow_pickle"])
-    pipe = run(opts)
+                      allow_pickle=kw["allow_pickle"], suite=kw["suite"])
+    _finish(run(opts))
+
+
+def _finish(pipe: Any) -> None:
+    """Print the summary; a failed gate exits non-zero with every failure named."""
+    from quantize.errors import GateFailed
+    from quantize.report import print_summary
+
     print_summary(pipe)
+    if "gate" in pipe.keys and pipe.manifest.get("releasable") is False:
+        gate = pipe.manifest["stages"]["gate"]["summary"]
+        raise GateFailed(f"gate failed on {', '.join(gate['failures'])}; the run is marked "
+                         f"not releasable (details: {pipe.run_dir / 'gate' / 'gate.md'})")
+
+
+def _run_folder(run_dir: Path, until: str, suite: str | None, rerun: tuple[str, ...]) -> None:
+    """Continue an existing run folder up to `until`, with the recipe and model it used."""
+    import json
+
+    from quantize.errors import QuantizeError
+    from quantize.pipeline import RunOptions, run
+
+    manifest_path = run_dir / "manifest.json"
+    if not manifest_path.is_file():
+        raise QuantizeError(f"{run_dir} is not a run folder (no manifest.json); give the "
+                            "folder `quantize run` wrote, e.g. runs/<model>-<recipe>")
+    m = json.loads(manifest_path.read_text())
+    opts = RunOptions(recipe=m["recipe"].get("ref", m["recipe"]["name"]),
+                      model=m["model"]["source"], dataset=m.get("dataset"), out=run_dir,
+                      device=m.get("device", "auto"), until=until, suite=suite, rerun=rerun)
+    _finish(run(opts))
 
 
 @main.command("run")
@@ -63,6 +92,26 @@ def _stage_command(stage: str, doc: str) -> None:
 _stage_command("calibrate", "Build the tokenized, fingerprinted calibration set for RECIPE.")
 _stage_command("quantize", "Calibrate (if needed) and quantize with the recipe's engine.")
 _stage_command("export", "Everything up to the vLLM-loadable checkpoint in <run>/export.")
+
+
+@main.command("eval")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--suite", default=None, help="eval suite name or YAML (default: the recipe's)")
+@click.option("--rerun", is_flag=True, help="measure again even if nothing changed")
+@handle_errors
+def eval_cmd(run_dir: Path, suite: str | None, rerun: bool) -> None:
+    """Perplexity and accuracy of RUN_DIR's export vs its baseline, with recovery per metric
+    (runs the stages before it first if they are not finished)."""
+    _run_folder(run_dir, "eval", suite, ("eval",) if rerun else ())
+
+
+@main.command("gate")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--suite", default=None, help="eval suite name or YAML (default: the recipe's)")
+@handle_errors
+def gate_cmd(run_dir: Path, suite: str | None) -> None:
+    """Exit 0 when every blocking threshold holds for RUN_DIR, else 3 with the table."""
+    _run_folder(run_dir, "gate", suite, ())
 
 
 @main.command("recipes")
@@ -114,6 +163,24 @@ def _not_yet(name: str, issue: int, what: str) -> None:
                                     "nothing was done")
 
 
-_not_yet("verify", 4, "Load an export in vLLM and compare it with transformers")
-_not_yet("publish", 5, "Publish a run to a Hugging Face Hub organisation")
-_not_yet("plan", 6, "Which recipe lets a model serve a context to N users on a GPU")
+@main.command("compare")
+@click.argument("runs", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--out", "-o", type=click.Path(path_type=Path), default=Path("compare"),
+              help="folder for compare.md and compare.png")
+@handle_errors
+def compare_cmd(runs: tuple[Path, ...], out: Path) -> None:
+    """One table (compare.md) and one plot (compare.png) across RUNS: size on disk vs
+    perplexity and accuracy recovery, with each gate verdict."""
+    from quantize.compare import compare
+
+    compare(list(runs), out)
+    click.echo((out / "compare.md").read_text())
+    click.echo(str(out / "compare.png"))
+
+
+from quantize.cli import (  # noqa: E402
+    plan_cmd,  # noqa: F401
+    publish_cmd,  # noqa: F401
+    verify_cmd,  # noqa: F401
+)
+

@@ -1,0 +1,76 @@
+"""`quantize verify RUN_OR_CHECKPOINT`: load an export in vLLM and compare with transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from quantize.cli import handle_errors, main
+from quantize.errors import VerifyError
+
+
+@main.command("verify")
+@click.argument("target", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="tensor-parallel size to load with (needs as many GPUs)")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8", "bfloat16"]),
+              default="auto", show_default=True,
+              help="auto: the checkpoint's (fp8 if it has a kv_cache_scheme)")
+@click.option("--vllm-python", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="python of an existing vLLM environment (default .venv-vllm/bin/python, "
+                   "or $QUANTIZE_VLLM_PYTHON)")
+@click.option("--level", type=click.Choice(["auto", "vllm", "decode"]), default="auto",
+              show_default=True,
+              help="auto: vLLM where this host can run the format, else the decode check; "
+                   "vllm: try vLLM even where the capability rules say it cannot")
+@click.option("--timeout", "timeout_s", type=click.IntRange(min=10), default=900,
+              show_default=True, help="seconds before the vLLM process is killed")
+@click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
+              help="where verify.json goes (default <run>/verify)")
+@handle_errors
+def verify_cmd(target: Path, tp: int, kv_cache_dtype: str, vllm_python: Path | None,
+               level: str, timeout_s: int, out: Path | None) -> None:
+    """Load TARGET (a run folder or an export folder) in vLLM in its own environment,
+    decode greedily from fixed prompts and compare token choices and log-probabilities with
+    transformers. Where this host's vLLM cannot run the format, a decode check runs instead
+    and the report says so. Exit status 0 only on a pass."""
+    from quantize.progress import step
+    from quantize.stages.verify import verify
+
+    with step(f"verifying {target}"):
+        s = verify(target, tp=tp, kv_cache_dtype=kv_cache_dtype, vllm_python=vllm_python,
+                   level=level, timeout_s=timeout_s, out=out)
+    _print(s)
+    if s["verdict"] != "pass":
+        raise VerifyError(f"{s.get('error', 'verification failed')} "
+                          f"(report: {s['out']}/verify.json)")
+
+
+def _print(s: dict[str, object]) -> None:
+    from quantize.progress import console
+
+    ok = s["verdict"] == "pass"
+    color = "green" if ok else "red"
+    level = {"vllm": "full vLLM check", "decode": "decode check (fallback)"}[str(s["level"])]
+    console.print(f"[{color}]{str(s['verdict']).upper()}[/{color}] - {level}: {s['format']}")
+    console.print(f"host: {s['host']}")
+    if s.get("why_not_vllm"):
+        console.print(f"[yellow]{s['why_not_vllm']}[/yellow]")
+    v = s.get("vllm")
+    if isinstance(v, dict):
+        console.print(f"vLLM {v.get('vllm_version')}: quantization method "
+                      f"{v.get('quantization')}, dtype {v.get('dtype')}, load {v.get('load_s')}"
+                      f" s, generate {v.get('generate_s')} s")
+        layers = v.get("layers") or {}
+        for kind in ("linear", "attention"):
+            for key, e in (layers.get(kind) or {}).items():
+                console.print(f"  {kind}: {key} × {e['count']}")
+    m = s.get("metrics")
+    if isinstance(m, dict):
+        keys = ("agreement", "mean_abs_dlogprob", "max_abs_dlogprob", "greedy_prefix_match",
+                "worst_weight_rel_diff", "source_cosine_min")
+        console.print("  " + ", ".join(f"{k} {m[k]}" for k in keys if m.get(k) is not None))
+    if s.get("serve_command"):
+        console.print(f"reproduce: {s['serve_command']}")
+    console.print(f"report: {s['out']}/verify.json ({s['duration_s']} s)")

@@ -1,0 +1,239 @@
+"""Runs INSIDE the separate vLLM environment: imports only the standard library and vllm
+(and torch, which vllm brings and which answers the ISA and kernel-registry questions).
+
+    python vllm_worker.py --request REQUEST.json|- --result RESULT.json
+
+The request is JSON (a file, or `-` for stdin); the result is JSON written atomically to
+--result. Ops:
+
+- `probe`: vLLM's version and platform, the CPU ISA torch sees (AVX-512, AMX, ...), the
+  custom kernels this build registered, and the GPU compute capabilities.
+- `generate`: load `model` in vLLM, decode greedily from the given token-id prompts, and
+  return the generated ids with the log-probability of each chosen token and the top-k, the
+  quantization method vLLM picked, and the scheme/kernel classes it bound to each layer.
+
+The exit status is 0 when the result says `ok: true`. On failure the result holds vLLM's own
+error line. One process per checkpoint: after a failed load vLLM's global state is not
+reliably clean, so the caller starts a fresh process for every checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any
+
+# Custom ops whose presence decides which quantized formats a CPU build can run.
+_CPU_OPS = ("cpu_gemm_wna16", "onednn_scaled_mm", "int8_scaled_mm", "static_scaled_fp8_quant",
+            "dynamic_scaled_fp8_quant", "dynamic_scaled_int8_quant", "cpu_attention_with_kv_cache",
+            "fp8_scaled_mm_cpu", "cpu_has_amx_fp8")
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        nxt = exc.__cause__ or exc.__context__
+        if nxt is None:
+            break
+        exc = nxt
+    return exc
+
+
+def error_line(exc: BaseException) -> str:
+    """`Type: first line` of the innermost exception, and of the outer one when it differs
+    (vLLM often wraps the real cause in a generic 'initialization failed')."""
+
+    def line(e: BaseException) -> str:
+        text = str(e).strip().splitlines()
+        return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+    root = _root_cause(exc)
+    if root is exc:
+        return line(exc)
+    return f"{line(root)} (raised as {line(exc)})"
+
+
+def probe(_req: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import vllm
+    from vllm.platforms import current_platform
+
+    out: dict[str, Any] = {"vllm_version": vllm.__version__, "torch_version": torch.__version__,
+                           "platform": type(current_platform).__name__,
+                           "device_type": getattr(current_platform, "device_type", "unknown")}
+    isa = {}
+    for name in ("avx512", "avx512_vnni", "avx512_bf16", "amx_tile", "avx2"):
+        fn = getattr(torch.cpu, f"_is_{name}_supported", None)
+        if fn is not None:
+            try:
+                isa[name] = bool(fn())
+            except Exception:  # an ISA query that this torch cannot answer
+                isa[name] = False
+    out["isa"] = isa
+    try:
+        current_platform.import_kernels()
+    except Exception as exc:
+        out["kernel_import_error"] = error_line(exc)
+    namespace = torch.ops._C
+    out["ops"] = {op: _has_op(namespace, op) for op in _CPU_OPS}
+    gpus = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(i)
+            gpus.append({"name": torch.cuda.get_device_name(i), "capability": major * 10 + minor})
+    out["gpus"] = gpus
+    return out
+
+
+def _has_op(namespace: Any, op: str) -> bool:
+    try:
+        getattr(namespace, op)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def describe_model(model: Any) -> dict[str, Any]:
+    """Which quantization method, scheme and kernel class vLLM bound to each layer.
+
+    Returns {"linear": {"Method/Scheme/Kernel": {"count": n, "example": layer}},
+    "attention": {...}}; class names only, so it survives vLLM refactors.
+    """
+    linear: dict[str, dict[str, Any]] = {}
+    attention: dict[str, dict[str, Any]] = {}
+    for name, mod in model.named_modules():
+        qm = getattr(mod, "quant_method", None)
+        impl = getattr(mod, "impl", None)
+        if impl is not None and hasattr(mod, "kv_cache_dtype"):  # an attention layer
+            backend: Any = getattr(mod, "attn_backend", None)
+            name_of = getattr(backend, "get_name", None)
+            parts = [name_of() if callable(name_of) else type(impl).__name__,
+                     f"kv_cache_dtype={mod.kv_cache_dtype}"]
+            if qm is not None:
+                parts.append(type(qm).__name__)
+            _count(attention, "/".join(parts), name)
+            continue
+        if qm is None:
+            continue
+        parts = [type(qm).__name__]
+        scheme = getattr(mod, "scheme", None)
+        if scheme is not None:
+            parts.append(type(scheme).__name__)
+        holder = scheme if scheme is not None else qm
+        for attr in ("kernel", "linear_kernel", "fp8_linear", "w8a8_block_fp8_linear"):
+            kern = getattr(holder, attr, None)
+            if kern is not None:
+                parts.append(type(kern).__name__)
+                break
+        _count(linear, "/".join(parts), name)
+    return {"linear": linear, "attention": attention}
+
+
+def _count(table: dict[str, dict[str, Any]], key: str, name: str) -> None:
+    entry = table.setdefault(key, {"count": 0, "example": name})
+    entry["count"] += 1
+
+
+def generate(req: dict[str, Any]) -> dict[str, Any]:
+    # The CPU backend sizes its KV cache from this (GiB); it refuses to start without it.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(req.get("kv_cache_space_gib", 1)))
+    if int(req.get("tp", 1)) > 1:
+        # With several workers describe_model travels to them pickled.
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kwargs: dict[str, Any] = {
+        "model": req["model"], "tokenizer": req["model"],
+        "tensor_parallel_size": int(req.get("tp", 1)),
+        "kv_cache_dtype": req.get("kv_cache_dtype", "auto"),
+        "max_model_len": int(req.get("max_model_len", 512)),
+        "enforce_eager": bool(req.get("enforce_eager", True)),
+        "seed": 0, "dtype": req.get("dtype", "auto"),
+    }
+    kwargs.update(req.get("engine_args", {}))
+    t0 = time.perf_counter()
+    llm = LLM(**kwargs)
+    load_s = time.perf_counter() - t0
+    params = SamplingParams(temperature=0.0, max_tokens=int(req["max_tokens"]),
+                            logprobs=int(req.get("logprobs", 5)), ignore_eos=True)
+    prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in req["prompts"]]
+    t1 = time.perf_counter()
+    results = llm.generate(prompts, params, use_tqdm=False)
+    gen_s = time.perf_counter() - t1
+    outputs = []
+    for res in results:
+        comp = res.outputs[0]
+        steps = []
+        for tok, lp in zip(comp.token_ids, comp.logprobs or [], strict=False):
+            steps.append({"token": int(tok), "logprob": float(lp[tok].logprob),
+                          "top": {str(k): float(v.logprob) for k, v in lp.items()}})
+        outputs.append({"token_ids": [int(t) for t in comp.token_ids], "steps": steps})
+    engine = llm.llm_engine
+    mcfg = getattr(getattr(engine, "vllm_config", None), "model_config", None) or getattr(
+        engine, "model_config", None)
+    out: dict[str, Any] = {
+        "vllm_version": vllm.__version__, "outputs": outputs,
+        "load_s": round(load_s, 2), "generate_s": round(gen_s, 2),
+        "quantization": getattr(mcfg, "quantization", None),
+        "dtype": str(getattr(mcfg, "dtype", "")).replace("torch.", ""),
+        "engine_args": {k: v for k, v in kwargs.items() if k not in ("model", "tokenizer")},
+    }
+    try:
+        out["layers"] = llm.apply_model(describe_model)[0]
+    except Exception as exc:  # introspection is a report, never a reason to fail the load
+        out["layers"] = {"error": error_line(exc)}
+    return out
+
+
+OPS = {"probe": probe, "generate": generate}
+
+
+def _write(path: str, data: dict[str, Any]) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".result.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--request", required=True, help="request JSON file, or - for stdin")
+    ap.add_argument("--result", required=True, help="where to write the result JSON")
+    args = ap.parse_args(argv)
+    # Before vllm is imported. In-process engine: exceptions reach us directly (no engine
+    # subprocess that re-imports this script) and the model can be inspected in place.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    t0 = time.perf_counter()
+    try:
+        if args.request == "-":
+            req = json.load(sys.stdin)
+        else:
+            with open(args.request) as f:
+                req = json.load(f)
+        op = OPS.get(req.get("op", ""))
+        if op is None:
+            raise ValueError(f"unknown op {req.get('op')!r}; known: {sorted(OPS)}")
+        result = {"ok": True, **op(req)}
+    except BaseException as exc:  # report everything, including SystemExit from vLLM
+        result = {"ok": False, "error": error_line(exc), "error_type": type(exc).__name__,
+                  "traceback": traceback.format_exc()[-6000:]}
+    result["wall_s"] = round(time.perf_counter() - t0, 2)
+    _write(args.result, result)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # vLLM may leave non-daemon threads behind; the result is written, so exit now.
+    os._exit(0 if result["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()

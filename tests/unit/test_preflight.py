@@ -1,0 +1,168 @@
+"""Pre-flight checks: each one has a model config that triggers it, and the message names the
+layer (or config field) and the fix. Meta-device models only: no weights, a few seconds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from quantize import preflight
+from quantize.errors import PreflightError
+from quantize.recipe import Override, Recipe
+
+
+def llama(**over: Any) -> dict[str, Any]:
+    """A 2-layer config shaped like the default model (SmolLM2-135M)."""
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 576,
+           "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+           "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 1024,
+           "tie_word_embeddings": True}
+    cfg.update(over)
+    return cfg
+
+
+def recipe(**over: Any) -> Recipe:
+    base: dict[str, Any] = {"name": "t", "description": "test", "method": "rtn",
+                            "scheme": "W4A16", "group_size": 64}
+    base.update(over)
+    return Recipe(**base)
+
+
+def test_default_shape_passes_and_reports_marlin_padding() -> None:
+    facts = preflight.check(recipe(), llama())
+    assert facts["group_size"] == 64 and facts["tp"] == 1
+    assert facts["layers"] == 2 * 7
+    # 576 is neither N%64&K%128 nor N%128&K%64 for q_proj (N=K=576): Marlin pads it.
+    assert any("Marlin" in w and "q_proj" in w for w in facts["warnings"])
+
+
+def test_old_signature_still_works() -> None:
+    assert preflight.check(recipe(), llama())["group_size"] == 64
+
+
+def test_group_size_must_divide_every_layer() -> None:
+    with pytest.raises(PreflightError,
+                       match=r"group_size 128 does not divide .*q_proj \(in_features 576\)"):
+        preflight.check(recipe(group_size=128), llama())
+
+
+def test_tp_must_divide_attention_heads() -> None:
+    with pytest.raises(PreflightError, match=r"--tp 2: num_attention_heads 9 .* \[1, 3, 9\]"):
+        preflight.check(recipe(), llama(), tp=2)
+
+
+def test_tp_must_split_or_replicate_kv_heads() -> None:
+    cfg = llama(num_attention_heads=8, num_key_value_heads=3, hidden_size=512, head_dim=64)
+    with pytest.raises(PreflightError, match=r"num_key_value_heads 3 .* over 2 ranks"):
+        preflight.check(recipe(), cfg, tp=2)
+
+
+def test_tp_replicating_kv_heads_is_fine() -> None:
+    cfg = llama(num_attention_heads=8, num_key_value_heads=2, hidden_size=512,
+                intermediate_size=1536, head_dim=64)
+    assert preflight.check(recipe(), cfg, tp=4)["tp"] == 4
+
+
+def test_tp_must_divide_sharded_dimension() -> None:
+    cfg = llama(num_attention_heads=8, num_key_value_heads=4, hidden_size=512, head_dim=64,
+                intermediate_size=1002)
+    with pytest.raises(PreflightError, match=r"gate_proj shards its out_features \(1002\) "
+                                             r"over 4 ranks"):
+        preflight.check(recipe(scheme="W8A8", group_size=None), cfg, tp=4)
+
+
+def test_group_times_tp_must_divide_row_parallel_inputs() -> None:
+    # down_proj's input (1280) is sharded: 1280 / 4 = 320 per rank, not a multiple of 128.
+    cfg = llama(num_attention_heads=8, num_key_value_heads=4, hidden_size=512, head_dim=64,
+                intermediate_size=1280)
+    assert preflight.check(recipe(group_size=128), cfg, tp=1)["group_size"] == 128
+    with pytest.raises(PreflightError, match=r"down_proj has in_features 1280, 320 per rank, "
+                                             r"which group_size 128 does not divide"):
+        preflight.check(recipe(group_size=128), cfg, tp=4)
+
+
+def test_group_size_outside_marlin_set_warns() -> None:
+    facts = preflight.check(recipe(group_size=16), llama())
+    assert any("group_size [16]" in w for w in facts["warnings"])
+
+
+def test_marlin_friendly_shapes_give_no_warning() -> None:
+    cfg = llama(num_attention_heads=8, num_key_value_heads=8, hidden_size=512, head_dim=64,
+                intermediate_size=1024)
+    assert preflight.check(recipe(group_size=128), cfg, tp=2)["warnings"] == []
+
+
+def test_fused_qkv_shards_need_one_scheme() -> None:
+    r = recipe(overrides=[Override(targets=["re:.*k_proj$"], scheme="W8A16", group_size=64)])
+    with pytest.raises(PreflightError, match=r"layers\.0\.self_attn: q_proj/k_proj/v_proj are "
+                                             r"fused .* k_proj W8A16 g64"):
+        preflight.check(r, llama())
+
+
+def test_fused_shards_ignored_alone_are_refused() -> None:
+    r = recipe(ignore=["lm_head", "re:.*up_proj$"])
+    with pytest.raises(PreflightError, match=r"gate_proj/up_proj .* up_proj unquantized"):
+        preflight.check(r, llama())
+
+
+def test_fused_shards_overridden_together_pass() -> None:
+    r = recipe(overrides=[Override(targets=["re:.*(gate|up)_proj$"], scheme="W8A16",
+                                   group_size=64)])
+    assert preflight.check(r, llama())["layers"] == 14
+
+
+def test_tied_embeddings_refuse_quantized_lm_head() -> None:
+    with pytest.raises(PreflightError, match=r"lm_head is tied .* add lm_head to `ignore`"):
+        preflight.check(recipe(ignore=[]), llama())
+
+
+def test_kv_cache_needs_separate_k_v_projections() -> None:
+    # Phi-3 fuses q/k/v into one qkv_proj Linear.
+    cfg = {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": 256,
+           "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 4,
+           "num_hidden_layers": 1, "vocab_size": 512, "tie_word_embeddings": False,
+           "pad_token_id": 0}
+    r = recipe(scheme="FP8_DYNAMIC", group_size=None, kv_cache="fp8")
+    with pytest.raises(PreflightError, match=r"kv_cache: fp8 needs separate k_proj/v_proj"):
+        preflight.check(r, cfg)
+
+
+def test_unknown_model_type_is_an_unsupported_architecture() -> None:
+    with pytest.raises(PreflightError, match=r"unsupported architecture: .*'not-a-model'"):
+        preflight.check(recipe(), llama(model_type="not-a-model"))
+
+
+def test_config_without_architectures_is_refused() -> None:
+    cfg = llama()
+    del cfg["architectures"]
+    with pytest.raises(PreflightError, match=r"no `architectures`"):
+        preflight.check(recipe(), cfg)
+
+
+def test_architecture_unknown_to_vllm_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = '_TEXT_GENERATION_MODELS = {\n    "LlamaForCausalLM": ("llama", "Llama"),\n}'
+    monkeypatch.setattr(preflight, "_vllm_registry_text", lambda: ("0.32.0", registry))
+    assert preflight.check(recipe(), llama())["layers"] == 14
+    with pytest.raises(PreflightError, match=r"MyLlamaForCausalLM is not in vLLM 0\.32\.0"):
+        preflight.check(recipe(), llama(architectures=["MyLlamaForCausalLM"]))
+
+
+def test_registry_is_read_from_the_vllm_env(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Any) -> None:
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    reg = site / "vllm" / "model_executor" / "models" / "registry.py"
+    reg.parent.mkdir(parents=True)
+    reg.write_text('"LlamaForCausalLM": ("llama", "LlamaForCausalLM"),\n')
+    (site / "vllm-9.9.9.dist-info").mkdir()
+    py = tmp_path / "venv" / "bin" / "python"
+    py.parent.mkdir()
+    py.write_text("")
+    monkeypatch.setenv("QUANTIZE_VLLM_PYTHON", str(py))
+    found = preflight._vllm_registry_text()
+    assert found is not None and found[0] == "9.9.9" and "LlamaForCausalLM" in found[1]
+
+
+def test_tp_must_be_positive() -> None:
+    with pytest.raises(PreflightError, match=r"--tp 0"):
+        preflight.check(recipe(), llama(), tp=0)
