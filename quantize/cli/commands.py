@@ -8,7 +8,6 @@ from typing import Any
 import click
 
 from quantize.cli import handle_errors, main
-from quantize.errors import NotImplementedFeature
 from quantize.stages import STAGES
 
 
@@ -122,9 +121,9 @@ def recipes_cmd() -> None:
 
     for name in available("recipes"):
         r = load_recipe(name)
-        gs = f" g{r.group_size}" if r.group_size else ""
-        kv = " +kv-fp8" if r.kv_cache else ""
-        click.echo(f"{name:<14} {r.method:<5} {r.scheme}{gs}{kv:<10}  {r.description}")
+        fmt = r.scheme + (f" g{r.group_size}" if r.group_size else "") + (
+            " +kv-fp8" if r.kv_cache else "")
+        click.echo(f"{name:<13} {r.method:<5} {fmt:<20} {r.description}")
 
 
 @main.command("validate")
@@ -151,16 +150,6 @@ def validate_cmd(recipe: str, model: str | None, no_model: bool) -> None:
     facts = preflight.check(r, ref.config)
     click.echo(f"{r.name} on {ref.name}: pre-flight ok ({facts['layers']} layers to quantize"
                + (f", group size {facts['group_size']})" if facts["group_size"] else ")"))
-
-
-def _not_yet(name: str, issue: int, what: str) -> None:
-    @main.command(name, help=f"{what} (not built yet: issue #{issue}).",
-                  context_settings={"ignore_unknown_options": True})
-    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-    @handle_errors
-    def cmd(args: tuple[str, ...]) -> None:
-        raise NotImplementedFeature(f"`quantize {name}` is not built yet (issue #{issue}); "
-                                    "nothing was done")
 
 
 @main.command("compare")
