@@ -55,6 +55,10 @@ def _line_map(node: yaml.Node | None, path: Loc = ()) -> dict[Loc, int]:
     return lines
 
 
+def _one_line(obj: object) -> str:
+    return " ".join(str(obj).split())
+
+
 def load_yaml(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
     """Parse text strictly; return the data and a map from key path to line number."""
     try:
@@ -63,9 +67,9 @@ def load_yaml(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}" if mark else source
-        raise RecipeError(f"{where}: invalid YAML: {exc.problem or exc}") from None
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"{source}: invalid YAML: {exc}") from None
+        raise RecipeError(f"{where}: invalid YAML: {_one_line(exc.problem or exc)}") from None
+    except yaml.YAMLError as exc:  # e.g. a control character: not a marked error
+        raise RecipeError(f"{source}: invalid YAML: {_one_line(exc)}") from None
     return data, _line_map(node)
 
 
@@ -96,7 +100,7 @@ def format_validation_error(exc: ValidationError, source: str, lines: dict[Loc, 
         data_loc = tuple(p for p in loc if not (isinstance(p, str) and p.startswith("function-")))
         line = _nearest_line(lines, tuple(str(p) if isinstance(p, str) else p for p in data_loc))
         field = ".".join(str(p) for p in data_loc) or "(document)"
-        msg = err["msg"]
+        msg = _one_line(err["msg"])
         if err["type"] == "extra_forbidden":
             msg = "unknown field; remove it or check its spelling"
         elif err["type"] == "missing":
