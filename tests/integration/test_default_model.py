@@ -38,22 +38,26 @@ def test_gptq_int4_export_config(gptq_run: Path) -> None:
 
 
 def test_reloaded_export_tracks_the_original(gptq_run: Path, default_model: Path) -> None:
-    """Top-1 next-token agreement with the fp16 original on real text. INT4 g64 on a 135M
-    model changes some predictions; 80% agreement leaves room for that while catching a
-    broken export (which agrees on ~0%)."""
+    """Next-token agreement with the fp16 original over ~430 tokens of held-out text.
+    INT4 g64 on this 135M model (8×256 calibration) measured 64% top-1 agreement and 0.43
+    relative logit error; a broken export (wrong scales, shuffled packing) agrees on a few
+    percent at most. The bounds leave room for run-to-run variation, not for breakage."""
     import torch
 
+    from quantize.metrics import BUILTIN_EVAL_TEXT
     from quantize.stages.eval import load_model
 
     ref, tok = load_model(default_model, "cpu")
     cand, _ = load_model(gptq_run / "export", "cpu")
-    text = "The capital of France is Paris. The river that runs through the city is the"
+    text = BUILTIN_EVAL_TEXT["wiki-eval"].read_text()[:2000]
     ids = tok(text, return_tensors="pt")["input_ids"]
     with torch.inference_mode():
         a, b = ref(input_ids=ids).logits, cand(input_ids=ids).logits
     assert torch.isfinite(b).all()
     agree = float((a.argmax(-1) == b.argmax(-1)).float().mean())
-    assert agree >= 0.8, f"top-1 agreement {agree:.2f}"
+    rel = float((b - a).norm() / a.norm())
+    assert agree >= 0.5, f"top-1 agreement {agree:.2f}"
+    assert rel < 0.6, f"relative logit error {rel:.2f}"
 
 
 def test_real_perplexity_on_real_text(gptq_run: Path) -> None:
