@@ -138,15 +138,16 @@ class Pipeline:
             return self.manifest
 
     def suite(self) -> EvalSuite:
-        """The eval suite: --suite, else the recipe's, with the recipe's tightened thresholds
-        (those naming metrics of the chosen suite)."""
+        """The eval suite: --suite, else the recipe's, with the recipe's tightened thresholds."""
         name = self.opts.suite or self.recipe.eval.suite
         suite = load_suite(name)
         ref = self.recipe.eval
         if self.opts.suite and self.opts.suite != ref.suite:
-            names = {m.name for m in suite.metrics}
+            # another suite than the recipe's: its thresholds stand, and the recipe's apply
+            # only where they name the same metric and are stricter
+            current = {m.name: m.threshold for m in suite.metrics}
             ref = ref.model_copy(update={"thresholds": {
-                k: v for k, v in ref.thresholds.items() if k in names}})
+                k: v for k, v in ref.thresholds.items() if v > current.get(k, float("inf"))}})
         return apply_thresholds(suite, ref)
 
     def _record_header(self) -> None:
