@@ -62,3 +62,9 @@ class BackendUnavailable(QuantizeError):
 
 class NotImplementedFeature(QuantizeError):
     """A feature that is planned but not built yet; never pretend it works."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an upstream exception's message (or its type): quoted inside our
+    one-line errors, which must not span lines."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quantize.errors import EvalError
+from quantize.errors import EvalError, first_line
 from quantize.recipe import MetricSpec
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -35,7 +35,7 @@ def eval_text(spec: MetricSpec) -> str:
     try:
         ds = datasets.load_dataset(spec.hub, spec.subset, split=spec.split)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         raise EvalError(f"metric {spec.name}: cannot load {spec.hub!r} ({first}); use "
                         "`builtin: wiki-eval` offline") from None
     return "\n\n".join(t for t in ds[spec.text_field] if t)
@@ -189,7 +189,7 @@ def multiple_choice(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: in
                               limit=None if include else spec.limit, log_samples=True,
                               bootstrap_iters=0)
     except Exception as exc:  # lm-eval raises bare exceptions for unknown tasks, offline...
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         raise EvalError(f"metric {spec.name}: lm-eval failed on task {spec.task!r}: {first}") \
             from None
     if out is None or task not in out["results"]:

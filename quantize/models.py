@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.artifacts import atomic_dir, atomic_write_json, sha256_file
-from quantize.errors import ModelError
+from quantize.errors import ModelError, first_line
 
 DEFAULT_MODEL = "default"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -117,10 +117,9 @@ def _download(repo_id: str) -> Path:
                             "tokenizer*"],
         )
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(
-            f"cannot get {repo_id!r} from the Hugging Face Hub ({first}); check the id and "
-            "the network, or pass a local folder with --model") from None
+            f"cannot get {repo_id!r} from the Hugging Face Hub ({first_line(exc)}); check the "
+            "id and the network, or pass a local folder with --model") from None
     p = Path(path)
     check_model_dir(p)
     return p

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantize.errors import PreflightError, QuantizeError
+from quantize.errors import PreflightError, QuantizeError, first_line
 from quantize.gpus import Gpu, PlanError
 from quantize.recipe import SCHEMES, Recipe
 
@@ -240,7 +240,7 @@ def _hub_config(repo: str) -> dict[str, Any]:
 
         file = hf_hub_download(repo, "config.json")
     except Exception as exc:  # offline, gated, missing: all mean "no config"
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        first = first_line(exc)[:160]
         raise PlanError(f"cannot get config.json of {repo!r} from the Hub ({first}); pass a "
                         "local folder with config.json or one of the built-in models: "
                         f"{', '.join(builtin_configs())}") from None

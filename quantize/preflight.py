@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from quantize.errors import PreflightError, QuantizeError
+from quantize.errors import PreflightError, QuantizeError, first_line
 from quantize.progress import info
 from quantize.recipe import SCHEMES, Recipe
 
@@ -79,7 +79,7 @@ def check(recipe: Recipe, config: dict[str, Any], tp: int = 1) -> dict[str, Any]
     try:
         model = meta_model(config, trust_remote_code=recipe.trust_remote_code)
     except (ValueError, KeyError, TypeError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        first = first_line(exc)[:200]
         raise PreflightError(f"unsupported architecture: transformers cannot build model_type "
                              f"{config.get('model_type')!r} ({first}); use a supported model "
                              "or upgrade transformers") from None

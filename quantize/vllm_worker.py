@@ -50,8 +50,13 @@ def error_line(exc: BaseException) -> str:
     (vLLM often wraps the real cause in a generic 'initialization failed')."""
 
     def line(e: BaseException) -> str:
-        text = str(e).strip().splitlines()
-        return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+        text = [t.strip() for t in str(e).strip().splitlines() if t.strip()]
+        if not text:
+            return type(e).__name__
+        first = text[0]
+        if first.endswith(":") and len(text) > 1:  # "...Reasons:" then one reason a line
+            first = (first + " " + " | ".join(text[1:]))[:600]
+        return f"{type(e).__name__}: {first}"
 
     root = _root_cause(exc)
     if root is exc:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.backends import QuantizeJob
-from quantize.errors import QuantizationError
+from quantize.errors import QuantizationError, first_line
 from quantize.recipe import SCHEMES, AWQOptions, GPTQOptions, Recipe
 
 
@@ -109,7 +109,7 @@ class LLMCompressorBackend:
                         log_dir=str(out.parent / "logs"),
                         recipe=build_modifiers(recipe, job.group_size), **kwargs)
         except (ValueError, RuntimeError, TypeError) as exc:
-            msg = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            msg = first_line(exc)
             raise QuantizationError(f"llm-compressor failed: {msg}") from exc
         if dtype != src_dtype:
             model.to(src_dtype)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantize.artifacts import atomic_write_json, sha256_file
-from quantize.errors import CalibrationError, RecipeError
+from quantize.errors import CalibrationError, RecipeError, first_line
 from quantize.recipe import CalibrationSpec, Recipe, load_calibration, resolve
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def _read_hub(spec: CalibrationSpec) -> list[str]:
     try:
         ds = datasets.load_dataset(spec.hub, spec.subset, split=spec.split)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         raise CalibrationError(f"cannot load dataset {spec.hub!r} ({first}); check the id and "
                                "network, or use a local file / the builtin `wiki`") from None
     if spec.text_field not in ds.column_names:

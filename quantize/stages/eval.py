@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantize.artifacts import atomic_write_json, atomic_write_text
-from quantize.errors import EvalError
+from quantize.errors import EvalError, first_line
 from quantize.progress import info, step
 from quantize.recipe import EvalSuite, MetricSpec, canonical_hash
 
@@ -52,7 +52,7 @@ def load_model(path: Path, device: str) -> tuple[Any, Any]:
                                                      **kwargs)
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, RuntimeError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         raise EvalError(f"cannot load {path} for evaluation: {first}") from None
     model.eval()
     return model, tok

@@ -37,7 +37,7 @@ from quantize.artifacts import (
     now,
     run_lock,
 )
-from quantize.errors import ExportError, PublishError, QuantizeError
+from quantize.errors import ExportError, PublishError, QuantizeError, first_line
 from quantize.modelcard import BaseInfo, CardInputs, build_card, default_repo_name, dumps_json
 from quantize.progress import info
 from quantize.progress import warn as _warn
@@ -432,7 +432,7 @@ def is_transient(exc: BaseException) -> bool:
 
 def _explain(exc: BaseException, repo_id: str, token: str) -> str:
     status = _status(exc)
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    first = first_line(exc)
     hint = {401: "the Hub refused the token; check HF_TOKEN or `hf auth login`",
             403: f"the token may not write to {repo_id.split('/')[0]!r}; use a write token "
                  "of a member of that organisation",
