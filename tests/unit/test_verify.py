@@ -244,6 +244,16 @@ def test_error_line_names_the_root_cause() -> None:
                     "Engine core initialization failed.)")
 
 
+def test_error_line_keeps_a_list_of_reasons() -> None:
+    from quantize import vllm_worker
+
+    exc = ValueError("Failed to find a kernel that can implement the WNA16 linear layer. "
+                     "Reasons: \n A cannot implement due to: x\n B cannot implement due to: y\n")
+    assert vllm_worker.error_line(exc) == (
+        "ValueError: Failed to find a kernel that can implement the WNA16 linear layer. "
+        "Reasons: A cannot implement due to: x | B cannot implement due to: y")
+
+
 def test_detect_without_vllm_reports_the_problem(tmp_path: Path) -> None:
     host = caps.detect(sys.executable, workdir=tmp_path, use_cache=False)
     assert host.problem is not None and "vLLM does not import" in host.problem
@@ -447,3 +457,10 @@ def test_level_vllm_without_vllm_is_an_error(tiny: dict[str, Path], tmp_path: Pa
                                                                   "vllm-env`"))
     with pytest.raises(VerifyError, match=r"--level vllm: no vLLM environment: run `make"):
         V.verify(tiny["w8a8"], level="vllm", out=tmp_path / "v")
+
+
+def test_tp_on_the_cpu_backend_falls_back_to_decode(tiny: dict[str, Path], stand_in: Path,
+                                                    tmp_path: Path) -> None:
+    s = V.verify(tiny["w8a8"], tp=2, out=tmp_path / "v")
+    assert s["level"] == "decode" and s["verdict"] == "pass"
+    assert "--tp 2 on the CPU backend" in s["why_not_vllm"]
