@@ -12,9 +12,9 @@ from typing import Any
 
 from quantize.errors import EvalError, first_line
 from quantize.recipe import MetricSpec
+from quantize.stages.calibrate import BUILTIN_TEXT, DATA_DIR, hub_texts
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
-BUILTIN_EVAL_TEXT = {"wiki-eval": DATA_DIR / "wiki_eval.txt"}
+BUILTIN_EVAL_TEXT = {"wiki-eval": BUILTIN_TEXT["wiki-eval"]}  # one table of shipped texts
 BIGBENCH_DIR = DATA_DIR / "bigbench"
 
 
@@ -30,15 +30,10 @@ def eval_text(spec: MetricSpec) -> str:
             return p.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise EvalError(f"metric {spec.name}: {p} is not UTF-8; convert it") from None
-    import datasets
-
-    try:
-        ds = datasets.load_dataset(spec.hub, spec.subset, split=spec.split)
-    except Exception as exc:
-        first = first_line(exc)
-        raise EvalError(f"metric {spec.name}: cannot load {spec.hub!r} ({first}); use "
-                        "`builtin: wiki-eval` offline") from None
-    return "\n\n".join(t for t in ds[spec.text_field] if t)
+    assert spec.hub is not None
+    texts = hub_texts(spec.hub, spec.subset, spec.split, spec.text_field, EvalError,
+                      f"use `builtin: wiki-eval` offline (metric {spec.name})")
+    return "\n\n".join(texts)
 
 
 def windows(n_tokens: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantize.artifacts import atomic_write_json, sha256_file
-from quantize.errors import CalibrationError, RecipeError, first_line
+from quantize.errors import CalibrationError, QuantizeError, RecipeError, first_line
 from quantize.recipe import CalibrationSpec, Recipe, load_calibration, resolve
 
 if TYPE_CHECKING:
@@ -111,19 +111,25 @@ def _read_file(path: Path, field: str) -> list[str]:
     raise CalibrationError(f"{path}: unsupported file type; use .txt, .jsonl or .parquet")
 
 
-def _read_hub(spec: CalibrationSpec) -> list[str]:
+def hub_texts(hub: str, subset: str | None, split: str, field: str,
+              error: type[QuantizeError], hint: str) -> list[str]:
+    """The non-empty values of one column of a Hugging Face dataset (online only)."""
     import datasets
 
     try:
-        ds = datasets.load_dataset(spec.hub, spec.subset, split=spec.split)
+        ds = datasets.load_dataset(hub, subset, split=split)
     except Exception as exc:
-        first = first_line(exc)
-        raise CalibrationError(f"cannot load dataset {spec.hub!r} ({first}); check the id and "
-                               "network, or use a local file / the builtin `wiki`") from None
-    if spec.text_field not in ds.column_names:
-        raise CalibrationError(f"dataset {spec.hub!r} has no column {spec.text_field!r} "
-                               f"(columns: {ds.column_names}); set text_field")
-    return [t if isinstance(t, str) else json.dumps(t) for t in ds[spec.text_field] if t]
+        raise error(f"cannot load dataset {hub!r} ({first_line(exc)}); {hint}") from None
+    if field not in ds.column_names:
+        raise error(f"dataset {hub!r} has no column {field!r} "
+                    f"(columns: {ds.column_names}); set text_field")
+    return [t if isinstance(t, str) else json.dumps(t) for t in ds[field] if t]
+
+
+def _read_hub(spec: CalibrationSpec) -> list[str]:
+    assert spec.hub is not None
+    return hub_texts(spec.hub, spec.subset, spec.split, spec.text_field, CalibrationError,
+                     "check the id and network, or use a local file / the builtin `wiki`")
 
 
 def source_files(spec: CalibrationSpec, base_dir: Path) -> list[Path]:
