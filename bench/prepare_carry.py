@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CARRY = ROOT / ".whl"
 WHEELS = ["llmcompressor==0.14.0.1", "compressed-tensors==0.19.0", "datasets==5.2.0",
           "dill==0.4.1", "multiprocess==0.70.19", "loguru==0.7.3", "pydantic==2.14.4",
-          "pydantic_core==2.50.5", "typing-inspection==0.4.5", "annotated-types==0.8.0"]
+          "pydantic_core==2.50.5", "typing-inspection==0.4.5", "annotated-types==0.8.0",
+          # lm-eval's HF path, for bench/eval_vs_lmeval.py (the image has its other needs)
+          "lm_eval==0.4.13", "chardet==6.0.0.post1"]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")

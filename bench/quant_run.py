@@ -66,10 +66,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def check_args(a: argparse.Namespace) -> None:
-    if a.mode == "pipeline" and (a.batch_size != 1 or a.offload_device != "cpu"
+    if a.mode == "pipeline" and (a.batch_size != 1 or a.offload_device != "cpu" or a.tf32
                                  or a.load_device not in (None, a.device)):
-        raise SystemExit("the pipeline fixes batch size 1, cpu activation offload and "
-                         "loading on --device; vary those only with --mode oneshot")
+        raise SystemExit("the pipeline uses its own defaults (on a GPU: TF32, activations on "
+                         "the GPU, batch `auto`, loading on --device); vary knobs only with "
+                         "--mode oneshot")
 
 
 def run_pipeline(a: argparse.Namespace) -> dict[str, Any]:
@@ -81,7 +82,10 @@ def run_pipeline(a: argparse.Namespace) -> dict[str, Any]:
     calib = stages["calibrate"]["summary"]
     return {"tokens": calib["tokens"], "num_samples": calib["num_samples"],
             "seq_len": calib["seq_len"], "calib_fingerprint": calib["fingerprint"],
-            "stage_s": {k: v["duration_s"] for k, v in stages.items()}}
+            "stage_s": {k: v["duration_s"] for k, v in stages.items()},
+            # what the pipeline chose, so the row says which oneshot row it matches
+            "batch_size": stages["quantize"]["summary"].get("batch_size", 1),
+            **({"tf32": True, "offload_device": "cuda"} if a.device == "cuda" else {})}
 
 
 def calibration_samples(recipe_name: str, calib: str, model: str) -> list[list[int]]:

@@ -66,6 +66,33 @@ PLANS: dict[str, list[Row]] = {
         ("awq pipeline", ["--mode", "pipeline", "--recipe", "awq-int4", "--calib", C8], 130),
         ("awq oneshot", ["--mode", "oneshot", "--recipe", "awq-int4", "--calib", C8], 120),
     ],
+    # After the hashing/copy fixes: the pipeline (its GPU defaults: TF32, activations on the
+    # GPU, batch 8 of packed windows) against plain oneshot with the same settings, and the
+    # library's own defaults at the 128 x 2048 tokens as the bar.
+    "overhead": [
+        ("gptq pipeline", ["--mode", "pipeline", "--recipe", "gptq-int4", "--calib", C32], 60),
+        ("gptq oneshot same-settings", ["--mode", "oneshot", "--recipe", "gptq-int4",
+                                        "--calib", C32, *TUNED, "--batch-size", "8"], 55),
+        ("fp8 pipeline", ["--mode", "pipeline", "--recipe", "fp8-dynamic", "--calib", C16], 40),
+        ("fp8 oneshot", ["--mode", "oneshot", "--recipe", "fp8-dynamic", "--calib", C16], 35),
+        ("gptq pipeline 128x2048", ["--mode", "pipeline", "--recipe", "gptq-int4", "--calib",
+                                    C128], 100),
+        ("gptq oneshot same-settings 128x2048", ["--mode", "oneshot", "--recipe", "gptq-int4",
+                                                 "--calib", C128, *TUNED, "--batch-size",
+                                                 "8"], 95),
+        ("gptq oneshot library-defaults 128x2048", ["--mode", "oneshot", "--recipe",
+                                                    "gptq-int4", "--calib", C128], 230),
+    ],
+    "overhead2": [
+        ("w8a8 pipeline", ["--mode", "pipeline", "--recipe", "w8a8-int8", "--calib", C16], 80),
+        ("w8a8 oneshot same-settings", ["--mode", "oneshot", "--recipe", "w8a8-int8", "--calib",
+                                        C16, *TUNED, "--batch-size", "8"], 75),
+        ("awq pipeline", ["--mode", "pipeline", "--recipe", "awq-int4", "--calib", C8], 90),
+        ("awq oneshot same-settings", ["--mode", "oneshot", "--recipe", "awq-int4", "--calib",
+                                       C8, *TUNED, "--batch-size", "8"], 85),
+    ],
+    # every recipe's pair in one call (filled in below from the two plans above)
+    "final": [],
     # the same rows on the toy model: a check that every row runs, in seconds
     "smoke": [
         ("gptq pipeline", ["--mode", "pipeline", "--recipe", "gptq-int4", "--calib",
@@ -80,6 +107,7 @@ PLANS: dict[str, list[Row]] = {
                           "bench/calib-tiny.yaml"], 30),
     ],
 }
+PLANS["final"] = PLANS["overhead"][:4] + PLANS["overhead2"]
 EVAL_EST_S = 60
 
 

@@ -6,6 +6,9 @@ ISA torch sees, the custom kernels the build registered, GPU compute capabilitie
 vLLM install. The rules below restate vLLM 0.32's own kernel checks; each names its file under
 `vllm/model_executor/` so it can be re-checked when vLLM changes:
 
+- Native GPTQ / AWQ checkpoints (backend gptqmodel/autoawq): layers/quantization/
+  auto_gptq.py takes symmetric 4/8-bit GPTQ only, auto_awq.py 4-bit AWQ only; both then run
+  the same WNA16 kernels as below (CPU: CPUWNA16, checked here on an AVX-512 host).
 - INT weight-only (W4A16, AWQ, GPTQ): CPU kernel `CPUWNA16LinearKernel`
   (kernels/linear/mixed_precision/cpu.py) takes 4-bit only, needs the `cpu_gemm_wna16` op
   (absent from the AVX2 build), and in/out sizes per shard divisible by 32. GPU:
@@ -54,6 +57,8 @@ class Format:
     group_size: int | None = None
     act_dynamic: bool | None = None
     label: str = ""
+    native: str | None = None  # "gptq" / "awq" for a native checkpoint (not compressed-tensors)
+    symmetric: bool = True
 
 
 @dataclass(frozen=True)
@@ -94,12 +99,30 @@ def _group_format(group: dict[str, Any]) -> Format:
     return Format("other", bits, strategy, gs, None, f"{wtype}{bits} weights + {a} activations")
 
 
+def _native_format(qc: dict[str, Any]) -> Format:
+    """A native GPTQ/AWQ checkpoint (GPTQModel's and AutoAWQ's quantization_config keys)."""
+    method = qc["quant_method"]
+    bits = int(qc.get("bits") or qc.get("w_bit") or 0)
+    gs = int(qc.get("group_size") or qc.get("q_group_size") or -1)
+    sym = bool(qc.get("sym", True)) if method == "gptq" else not qc.get("zero_point", True)
+    where = f"group {gs}" if gs > 0 else "channel"
+    label = f"native {method.upper()} INT{bits}{'' if sym else ' asymmetric'} weight-only " \
+        f"({where})"
+    return Format("int-weight-only", bits, "group" if gs > 0 else "channel",
+                  gs if gs > 0 else None, None, label, native=method, symmetric=sym)
+
+
 def checkpoint_format(config: dict[str, Any]) -> CheckpointFormat:
     qc = config.get("quantization_config") or {}
-    if qc and qc.get("quant_method") != "compressed-tensors":
-        raise VerifyError(f"quantization_config.quant_method is {qc.get('quant_method')!r}; "
-                          "verify handles compressed-tensors checkpoints (the export format)")
-    groups = tuple(_group_format(g) for g in (qc.get("config_groups") or {}).values())
+    method = qc.get("quant_method")
+    if qc and method not in ("compressed-tensors", "gptq", "awq"):
+        raise VerifyError(f"quantization_config.quant_method is {method!r}; verify handles "
+                          "compressed-tensors and native gptq/awq checkpoints (the export "
+                          "formats)")
+    if method in ("gptq", "awq"):
+        groups: tuple[Format, ...] = (_native_format(qc),)
+    else:
+        groups = tuple(_group_format(g) for g in (qc.get("config_groups") or {}).values())
     kv = qc.get("kv_cache_scheme") or None
     head_dim = config.get("head_dim") or (
         config["hidden_size"] // config["num_attention_heads"]
@@ -281,9 +304,21 @@ class Support:
     reason: str  # empty when ok
 
 
+def _native_rule(fmt: Format) -> str | None:
+    """What vLLM 0.32's native loaders refuse on any device: GPTQ other than symmetric 4/8-bit
+    (layers/quantization/auto_gptq.py TYPE_MAP), AWQ other than 4-bit (auto_awq.py)."""
+    if fmt.native == "gptq" and (fmt.weight_bits not in (4, 8) or not fmt.symmetric):
+        return "vLLM loads native GPTQ only symmetric with 4 or 8 bits (auto_gptq.py)"
+    if fmt.native == "awq" and fmt.weight_bits != 4:
+        return "vLLM loads native AWQ only with 4 bits (auto_awq.py)"
+    return None
+
+
 def _cpu_group(fmt: Format, host: Host) -> str | None:
     """Why vLLM's CPU backend cannot run this group on this host, or None."""
     isa, ops = host.isa, host.ops
+    if _native_rule(fmt):
+        return _native_rule(fmt)
     need_avx512 = "needs AVX-512 or a GPU"
     if fmt.kind == "dense":
         return None
@@ -311,6 +346,8 @@ def _cpu_group(fmt: Format, host: Host) -> str | None:
 
 def _gpu_group(fmt: Format, cap: int) -> str | None:
     sm = f"sm_{cap}"
+    if _native_rule(fmt):
+        return _native_rule(fmt)
     if fmt.kind == "dense":
         return None
     if fmt.kind == "int-weight-only":

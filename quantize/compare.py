@@ -30,6 +30,8 @@ def _load(run_dir: Path) -> dict[str, Any]:
         "weights_bytes": stages["export"]["summary"]["weights_bytes"],
         "baseline_bytes": base_bytes,
         "quantize_s": stages["quantize"]["duration_s"],
+        "engine": stages["quantize"]["summary"].get("engine", "?"),
+        "peak_rss_gib": stages["quantize"]["summary"].get("peak_rss_gib"),
         "eval_s": stages["eval"]["duration_s"],
         "ppl": ppl[0]["candidate"] if ppl else None,
         "ppl_baseline": ppl[0]["baseline"] if ppl else None,
@@ -45,22 +47,23 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     names = sorted({n for r in rows for n in r["metrics"]})
-    head = ["run", "recipe", "size MiB", "vs base", *[f"{n}" for n in names],
-            "ppl recovery", "mean acc recovery", "quantize s", "gate"]
+    head = ["run", "recipe", "engine", "size MiB", "vs base", *[f"{n}" for n in names],
+            "ppl recovery", "mean acc recovery", "quantize s", "peak RSS GiB", "gate"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
-        cells = [r["run"], r["recipe"], f"{r['weights_bytes'] / 2**20:.1f}",
+        cells = [r["run"], r["recipe"], r["engine"], f"{r['weights_bytes'] / 2**20:.1f}",
                  f"{r['baseline_bytes'] / r['weights_bytes']:.2f}×"]
         for n in names:
             m = r["metrics"].get(n)
             cells.append("—" if m is None else f"{m['candidate']:.4g} ({m['recovery']:.1%})")
         cells += [_fmt(r["ppl_recovery"], ".1%"), _fmt(r["acc_recovery"], ".1%"),
-                  f"{r['quantize_s']:.0f}", r["verdict"]]
+                  f"{r['quantize_s']:.0f}", _fmt(r["peak_rss_gib"], ".2f"), r["verdict"]]
         lines.append("| " + " | ".join(cells) + " |")
     base = rows[0]
     note = (f"\nBaseline: {base['baseline_bytes'] / 2**20:.1f} MiB"
             + (f", perplexity {base['ppl_baseline']:.4g}" if base["ppl_baseline"] else "")
-            + ". Recovery: perplexity baseline/candidate, accuracy candidate/baseline.\n")
+            + ". Recovery: perplexity baseline/candidate, accuracy candidate/baseline. "
+            "Peak RSS: the run's process up to the end of its quantize stage.\n")
     return "\n".join(lines) + "\n" + note
 
 

@@ -82,7 +82,11 @@ def perplexity(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int) ->
             for j, (b, e, _) in enumerate(batch):
                 inp[j, : e - b] = all_ids[b:e]
                 mask[j, : e - b] = 1
-            logits = model(input_ids=inp.to(device), attention_mask=mask.to(device)).logits
+            # Equal-length rows (every batch but the last) need no mask: without one the
+            # attention takes its plain causal path, as lm-eval's loglikelihood does.
+            same = all(e - b == longest for b, e, _ in batch)
+            kw = {} if same else {"attention_mask": mask.to(device)}
+            logits = model(input_ids=inp.to(device), **kw).logits
             for j, (b, e, scored) in enumerate(batch):
                 n = e - b
                 # cross_entropy per row: no [batch, seq, vocab] log-softmax copy in memory

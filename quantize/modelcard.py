@@ -220,8 +220,12 @@ def tags(inputs: CardInputs) -> list[str]:
     r = inputs.recipe
     weights = (next(iter(_groups(inputs.config)), {}) or {}).get("weights") or {}
     bits = f"{weights.get('type', 'int')}{weights.get('num_bits', '')}"
-    out = ["quantized", r.scheme.lower().replace("_", "-"), bits, r.method, "vllm",
-           "compressed-tensors", "llmcompressor", "quantize"]
+    if _native(inputs.config):  # backend gptqmodel/autoawq: a native GPTQ/AWQ checkpoint
+        bits = f"int{(inputs.config.get('quantization_config') or {}).get('bits', '')}"
+    fmt = ["compressed-tensors", "llmcompressor"] if not _native(inputs.config) else \
+        [r.method, r.backend]
+    out = ["quantized", r.scheme.lower().replace("_", "-"), bits, r.method, "vllm", *fmt,
+           "quantize"]
     if r.kv_cache:
         out.append("fp8-kv-cache")
     return list(dict.fromkeys(out))
@@ -241,6 +245,41 @@ def card_data(inputs: CardInputs) -> ModelCardData:
 
 
 # --- the body ----------------------------------------------------------------------------
+def _native(config: dict[str, Any]) -> bool:
+    """A native GPTQ/AWQ checkpoint (made by GPTQModel or AutoAWQ), not compressed-tensors."""
+    return (config.get("quantization_config") or {}).get("quant_method") in ("gptq", "awq")
+
+
+_ENGINE_NAMES = {"llmcompressor": "llm-compressor", "gptqmodel": "GPTQModel",
+                 "autoawq": "AutoAWQ"}
+
+
+def engine(inputs: CardInputs) -> str:
+    """The engine that made the checkpoint, with its version where the run recorded it."""
+    b = inputs.recipe.backend
+    qc = inputs.config.get("quantization_config") or {}
+    stamp = [str(q) for q in (qc.get("meta") or {}).get("quantizer") or []]
+    version = inputs.versions.get(b) or next(
+        (q.split(":", 1)[1] for q in stamp if q.startswith(f"{b}:")), "?")
+    return f"{_ENGINE_NAMES.get(b, b)} {version}"
+
+
+def _format_name(config: dict[str, Any]) -> str:
+    if _native(config):
+        qc = config["quantization_config"]
+        return f"native {qc['quant_method'].upper()} ({qc.get('format') or qc.get('version')})"
+    return "[compressed-tensors](https://github.com/neuralmagic/compressed-tensors)"
+
+
+def describe_native(qc: dict[str, Any]) -> str:
+    """One sentence for a native GPTQ/AWQ quantization_config."""
+    sym = qc.get("sym", True) if qc.get("quant_method") == "gptq" else not qc.get("zero_point")
+    gs = qc.get("group_size")
+    where = f"groups of {gs} along the input dimension" if gs and gs > 0 else "per channel"
+    return (f"{qc.get('bits')}-bit integer weights ({'symmetric' if sym else 'asymmetric'}, "
+            f"{where}), 16-bit activations")
+
+
 def _groups(config: dict[str, Any]) -> list[dict[str, Any]]:
     qc = config.get("quantization_config") or {}
     return list((qc.get("config_groups") or {}).values())
@@ -289,7 +328,7 @@ def _intro(inputs: CardInputs) -> list[str]:
         if inputs.preflight.get("group_size") else ""
     return [f"# {inputs.repo_id.split('/')[-1]}", "",
             f"{r.method.upper()} {r.scheme}{gs} quantization of {base} in the "
-            "[compressed-tensors](https://github.com/neuralmagic/compressed-tensors) format, "
+            f"{_format_name(inputs.config)} format, "
             "which [vLLM](https://github.com/vllm-project/vllm) loads with no extra flags"
             + (" (except `--kv-cache-dtype fp8` for the FP8 KV cache)" if r.kv_cache else "")
             + f". Made by `quantize` {inputs.versions.get('quantize', '?')} with the recipe "
@@ -300,14 +339,15 @@ def _quantization(inputs: CardInputs) -> list[str]:
     r, cal = inputs.recipe, inputs.calibration
     qc = inputs.config.get("quantization_config") or {}
     lines = ["## Quantization", "", "| | |", "| --- | --- |",
-             f"| method | {r.method.upper()} (llm-compressor "
-             f"{inputs.versions.get('llmcompressor', '?')})"
+             f"| method | {r.method.upper()} ({engine(inputs)})"
              + (f", SmoothQuant strength {r.smoothquant.strength}" if r.smoothquant else "")
              + " |",
              f"| scheme | {r.scheme} |"]
     for g in _groups(inputs.config):
         targets = ", ".join(map(str, g.get("targets") or []))
         lines.append(f"| targets: {targets} | {describe_group(g)} |")
+    if _native(inputs.config):
+        lines.append(f"| targets: Linear layers of the decoder | {describe_native(qc)} |")
     if inputs.preflight.get("group_size"):
         lines.append(f"| group size | {inputs.preflight['group_size']} |")
     if inputs.preflight.get("layers"):
@@ -316,11 +356,18 @@ def _quantization(inputs: CardInputs) -> list[str]:
     shown = ", ".join(f"`{x}`" for x in ignore[:_MAX_IGNORE_SHOWN])
     more = f" and {len(ignore) - _MAX_IGNORE_SHOWN} more" if len(ignore) > _MAX_IGNORE_SHOWN else ""
     lines.append(f"| not quantized (ignore) | {shown or 'nothing'}{more} |")
+    if r.trust_remote_code:
+        lines.append("| trust_remote_code | **true**: the base model's repo code ran to build it, "
+                     "and loading this model runs that code too; read it before you trust it |")
     kv_bits = kv_cache_bits(inputs.config)
     kv = "FP8 with calibrated scales" if kv_bits == 8 else "not quantized"
     lines.append(f"| KV cache | {kv} |")
-    lines.append(f"| format | {qc.get('format', '?')} (compressed-tensors "
-                 f"{qc.get('version') or inputs.versions.get('compressed-tensors', '?')}) |")
+    if _native(inputs.config):
+        lines.append(f"| format | {_format_name(inputs.config)}, `quant_method: "
+                     f"{qc.get('quant_method')}` |")
+    else:
+        lines.append(f"| format | {qc.get('format', '?')} (compressed-tensors "
+                     f"{qc.get('version') or inputs.versions.get('compressed-tensors', '?')}) |")
     if r.needs_calibration and cal:
         spec = cal.get("spec") or {}
         source = (f"builtin `{spec['builtin']}`" if spec.get("builtin") else
@@ -393,7 +440,7 @@ def _verify(inputs: CardInputs) -> list[str]:
                 "in vLLM was not checked by this run.", ""]
     status = "passed" if v.get("passed") else "FAILED"
     how = {"vllm": " (loaded and decoded in vLLM, compared with transformers)",
-           "decode": " (decoded independently of compressed-tensors and compared; vLLM "
+           "decode": " (decoded independently of the loader and compared; vLLM "
                      "could not run on the verifying host)"}.get(str(v.get("level")), "")
     lines.append(f"Verification level `{v.get('level', '?')}`{how}: **{status}**.")
     rows = [(label, v[key]) for key, label in _VERIFY_FIELDS
@@ -437,8 +484,12 @@ def _bytes(n: int | None) -> str:
 def _usage(inputs: CardInputs) -> list[str]:
     rid = inputs.repo_id
     kv = bool(kv_cache_bits(inputs.config))
-    serve = f"vllm serve {rid}" + (" --kv-cache-dtype fp8" if kv else "")
-    llm_args = f'"{rid}"' + (', kv_cache_dtype="fp8"' if kv else "")
+    remote = inputs.recipe.trust_remote_code  # the model needs its repo's own code
+    serve = f"vllm serve {rid}" + (" --kv-cache-dtype fp8" if kv else "") + (
+        " --trust-remote-code" if remote else "")
+    llm_args = f'"{rid}"' + (', kv_cache_dtype="fp8"' if kv else "") + (
+        ", trust_remote_code=True" if remote else "")
+    hf_args = f'"{rid}"' + (", trust_remote_code=True" if remote else "")
     if inputs.has_chat_template:
         vllm_call = ['messages = [{"role": "user", "content": "What is the capital of France?"}]',
                      "out = llm.chat(messages, SamplingParams(max_tokens=64, temperature=0))"]
@@ -458,11 +509,17 @@ def _usage(inputs: CardInputs) -> list[str]:
             serve, "```", "", "With vLLM in Python:", "", "```python",
             "from vllm import LLM, SamplingParams", "", f"llm = LLM(model={llm_args})",
             *vllm_call, "print(out[0].outputs[0].text)", "```", "",
-            "With transformers (needs `pip install compressed-tensors`):", "", "```python",
+            f"With transformers (needs `pip install {_hf_needs(inputs.config)}`):", "",
+            "```python",
             "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-            f'tok = AutoTokenizer.from_pretrained("{rid}")',
-            f'model = AutoModelForCausalLM.from_pretrained("{rid}", device_map="auto")',
+            f"tok = AutoTokenizer.from_pretrained({hf_args})",
+            f'model = AutoModelForCausalLM.from_pretrained({hf_args}, device_map="auto")',
             *hf_call, "```", ""]
+
+
+def _hf_needs(config: dict[str, Any]) -> str:
+    """What transformers needs to load the checkpoint."""
+    return "gptqmodel optimum" if _native(config) else "compressed-tensors"
 
 
 def _reproduce(inputs: CardInputs) -> list[str]:
@@ -470,9 +527,11 @@ def _reproduce(inputs: CardInputs) -> list[str]:
     b = inputs.base
     model_arg = b.source if b.source == "default" or b.source == b.repo_id else \
         (b.repo_id or f"<folder of {b.name}>")
+    own = "; `llmcompressor_recipe.yaml` is the engine's own form of it" \
+        if inputs.recipe.backend == "llmcompressor" else ""
     lines = ["## Reproduce", "",
-             "The recipe as run (`recipe.yaml` in this repo; `llmcompressor_recipe.yaml` is "
-             "the engine's own form of it):", "", "```yaml", inputs.recipe_text.rstrip(), "```",
+             f"The recipe as run (`recipe.yaml` in this repo{own}):", "", "```yaml",
+             inputs.recipe_text.rstrip(), "```",
              "", f"Save it as `{inputs.recipe.name}.yaml` (a recipe's name matches its file "
              "name) and run:", "", "```bash",
              f"quantize run {inputs.recipe.name}.yaml --model {model_arg}", "```", "",

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantize.artifacts import atomic_dir, atomic_write_json, sha256_file
+from quantize.artifacts import atomic_dir, atomic_write_json, hash_files, sha256_file
 from quantize.errors import ModelError, first_line
 
 DEFAULT_MODEL = "default"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _WEIGHT_GLOBS = ("*.safetensors",)
 _PICKLE_GLOBS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
@@ -52,7 +52,7 @@ def resolve_model(spec: str | None, *, allow_pickle: bool = False) -> ModelRef:
     if spec == DEFAULT_MODEL:
         return ModelRef(DEFAULT_MODEL, default_model_dir(), DEFAULT_NAME)
     path = Path(spec).expanduser()
-    if path.exists() or spec.startswith((".", "/", "~")) or not _HUB_ID.match(spec):
+    if path.exists() or spec.startswith((".", "/", "~")) or not HUB_ID.match(spec):
         if not path.is_dir():
             raise ModelError(f"model folder {spec!r} does not exist; give a local folder with "
                              "config.json and *.safetensors, a Hub id, or `default`")
@@ -190,18 +190,16 @@ def model_fingerprint(ref: ModelRef) -> str:
         cache: dict[str, str] = json.loads(cache_file.read_text())
     except (OSError, json.JSONDecodeError):
         cache = {}
-    parts = []
-    changed = False
     files = [ref.path / "config.json", *sorted(ref.path.glob("*.safetensors"))]
+    keys = []
     for f in files:
         st = f.stat()
-        key = f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}"
-        if key not in cache:
-            cache[key] = sha256_file(f)
-            changed = True
-        parts.append(f"{f.name}:{cache[key]}")
-    if changed:
+        keys.append(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}")
+    todo = [(k, f) for k, f in zip(keys, files, strict=True) if k not in cache]
+    if todo:
+        cache.update(zip([k for k, _ in todo], hash_files([f for _, f in todo]), strict=True))
         atomic_write_json(cache_file, cache)
+    parts = [f"{f.name}:{cache[k]}" for k, f in zip(keys, files, strict=True)]
     import hashlib
 
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()

@@ -8,7 +8,6 @@ hash to what the manifest recorded; otherwise it re-runs, and the log says why.
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import platform
 import time
 from collections.abc import Callable
@@ -22,13 +21,21 @@ from quantize.artifacts import (
     check_tree,
     hash_tree,
     now,
+    pause_point,
     read_manifest,
     run_lock,
     sha256_file,
     write_manifest,
 )
 from quantize.errors import ExportError, QuantizeError
-from quantize.models import ModelRef, check_architecture, model_fingerprint, resolve_model
+from quantize.models import (
+    DEFAULT_MODEL,
+    HUB_ID,
+    ModelRef,
+    check_architecture,
+    model_fingerprint,
+    resolve_model,
+)
 from quantize.progress import info, step
 from quantize.recipe import (
     EvalSuite,
@@ -72,13 +79,11 @@ def default_run_dir(model: ModelRef, recipe: Recipe) -> Path:
     return Path("runs") / f"{model.name}-{recipe.name}"
 
 
-def _debug_pause(point: str) -> None:
-    """Tests kill the process at named points: QUANTIZE_PAUSE_AT=<point> sleeps there."""
-    if os.environ.get("QUANTIZE_PAUSE_AT") == point:
-        marker = os.environ.get("QUANTIZE_PAUSE_MARKER")
-        if marker:
-            Path(marker).write_text(point)
-        time.sleep(float(os.environ.get("QUANTIZE_PAUSE_SECONDS", "3600")))
+def from_hub(model: ModelRef) -> bool:
+    """Whether the model was fetched from the Hub, possibly with the user's token (a gated or
+    private model): then the run folder holds data derived from it and is made user-only."""
+    return (model.source != DEFAULT_MODEL and bool(HUB_ID.match(model.source))
+            and not Path(model.source).expanduser().exists())
 
 
 def _absolute(ref: str | None) -> str | None:
@@ -99,6 +104,10 @@ class RunOptions:
     rerun: tuple[str, ...] = ()
     allow_pickle: bool = False
     suite: str | None = None
+    tp: int = 1  # the tensor-parallel size to check the model's shapes for (pre-flight only)
+    # processes for the quantize stage (torchrun, one GPU each); an execution setting like
+    # the memory placement, not an input: not part of the stage key
+    gpus: int = 1
 
 
 @dataclass
@@ -112,6 +121,7 @@ class Pipeline:
     manifest: dict[str, Any] = field(init=False, default_factory=dict)
     facts: dict[str, Any] = field(init=False, default_factory=dict)
     keys: dict[str, str] = field(init=False, default_factory=dict)
+    meta: Any = field(init=False, default=None)  # the meta-device model pre-flight built
 
     def __post_init__(self) -> None:
         if self.opts.until not in STAGES:
@@ -122,12 +132,21 @@ class Pipeline:
         check_architecture(self.model.config, trust_remote_code=self.recipe.trust_remote_code)
         self.run_dir = self.opts.out or default_run_dir(self.model, self.recipe)
         self.device = pick_device(self.opts.device)
+        if self.opts.gpus != 1:  # before any calibration: can this recipe run data-parallel?
+            from quantize.backends.distributed import check_support, visible_gpus
+
+            check_support(self.recipe, self.device, self.opts.gpus, visible_gpus(self.device))
 
     # --- the driver -----------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        with run_lock(self.run_dir):
+        with run_lock(self.run_dir, private=from_hub(self.model)):
             self.manifest = read_manifest(self.run_dir)
-            self.facts = preflight.check(self.recipe, self.model.config)
+            # one meta-device model for pre-flight and the memory estimate (no weights read)
+            self.meta = preflight.build_meta(self.recipe, self.model.config)
+            self.facts = preflight.check(self.recipe, self.model.config, tp=self.opts.tp,
+                                         model=self.meta)
+            if STAGES.index(self.opts.until) >= STAGES.index("eval"):
+                self.suite()  # a bad suite fails now, not after hours of quantization
             self._record_header()
             for stage in STAGES[: STAGES.index(self.opts.until) + 1]:
                 self._stage(stage)
@@ -177,10 +196,11 @@ class Pipeline:
             return
         info(f"[bold]{name}[/bold]: {reason}")
         started, t0 = now(), time.perf_counter()
-        _debug_pause(f"{name}:start")
+        pause_point(f"{name}:start")
         with atomic_dir(out) as tmp:
             summary = execute(tmp)
-            _debug_pause(f"{name}:written")
+            pause_point(f"{name}:written")
+        pause_point(f"{name}:renamed")  # folder in place, manifest entry not yet written
         self.manifest["stages"][name] = {
             "key": key, "inputs": inputs, "status": "done", "started": started,
             "ended": now(), "duration_s": round(time.perf_counter() - t0, 2),
@@ -231,7 +251,7 @@ class Pipeline:
         return inputs, execute
 
     def _plan_quantize(self) -> tuple[dict[str, Any], Callable[[Path], dict[str, Any]]]:
-        from quantize.backends import QuantizeJob
+        from quantize.backends import QuantizeJob, resolve_batch_size
         from quantize.stages import calibrate, quantize
 
         quant_part = self.recipe.model_dump(
@@ -243,12 +263,38 @@ class Pipeline:
                   "device": self.device, "versions": self.manifest["versions"]}
 
         def execute(out: Path) -> dict[str, Any]:
-            from quantize.resources import check_host_memory
+            from quantize.backends.distributed import check_samples, shares
+            from quantize.placement import GiB, load_plan
+            from quantize.resources import check_memory
 
-            self.facts["memory"] = check_host_memory(self.model.config, self.device)
             samples = calibrate.load(self.run_dir / "calibrate")
-            job = QuantizeJob(self.model.path, self.recipe, self.facts["group_size"],
-                              samples if self.recipe.needs_calibration else [], self.device)
+            if not self.recipe.needs_calibration:
+                samples = []
+            gpus = self.opts.gpus
+            check_samples(len(samples), gpus)
+            share = samples[: -(-len(samples) // gpus)]  # the largest process's share
+            batch = resolve_batch_size(self.recipe.batch_size, self.device, share)
+            # before the model is loaded: refuse, or pick where it lives on a GPU and, when
+            # host RAM is short, which weights go to disk
+            offload_dir = self.run_dir / ".offload"
+            mem = self.facts["memory"] = check_memory(
+                self.meta, self.recipe, self.model.config, self.device, share, batch,
+                world_size=gpus, offload_dir=offload_dir)
+            disk = mem["host_tier"] == "disk"
+            job = QuantizeJob(self.model.path, self.recipe, self.facts["group_size"], samples,
+                              self.device, batch,
+                              placement=mem.get("gpu_placement", "resident"), world_size=gpus,
+                              host_tier=mem["host_tier"],
+                              cpu_budget=mem.get("host_cpu_budget_bytes") or
+                              int(mem["host_ram_free_gib"] * GiB),
+                              offload_dir=offload_dir if disk else None)
+            load = load_plan(job.device, job.placement, job.host_tier, gpus, job.cpu_budget,
+                             job.offload_dir)
+            info(f"weights: {load.where}")
+            if gpus > 1:
+                split = "/".join(str(n) for n in shares(len(samples), gpus))
+                how = "gloo, CPU processes" if self.device == "cpu" else "NCCL, one GPU each"
+                info(f"calibration on {gpus} processes (torchrun, {how}), samples split {split}")
             return quantize.run(job, out)
 
         return inputs, execute

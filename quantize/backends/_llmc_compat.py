@@ -30,3 +30,44 @@ def apply() -> None:
     if cpu_pin_memory_is_broken() and not getattr(IntermediatesCache, "_quantize_patched", 0):
         IntermediatesCache.pin_memory = lambda self, *args, **kwargs: None  # type: ignore[method-assign]
         IntermediatesCache._quantize_patched = 1  # type: ignore[attr-defined]
+
+
+# --- distributed (torchrun) only ---------------------------------------------------------
+_QPARAM_USERS = ("llmcompressor.modifiers.gptq.base",
+                 "llmcompressor.modifiers.quantization.quantization.base")
+
+
+def cpu_qparams_unsynchronised() -> bool:
+    """llmcompressor 0.14.0.1 utils/dist.py broadcast_qparams_and_cleanup, called after each
+    rank quantizes the modules it owns, skips modules that execute on the CPU (skip_cpu: their
+    weights sit in memory shared by the ranks) and returns without synchronising, so a rank
+    can run the next layer with another rank's modules not yet written. Seen here: 2 CPU ranks
+    gave a different layer 1 than one process; with a barrier added, bit-identical."""
+    import importlib
+    import inspect
+
+    fn = importlib.import_module("llmcompressor.utils.dist").broadcast_qparams_and_cleanup
+    source = inspect.getsource(fn)
+    return "skip_cpu" in source and "barrier" not in source
+
+
+def apply_distributed() -> None:
+    """Under torchrun: a barrier after broadcast_qparams_and_cleanup, where both modifiers
+    that use it look it up. One barrier per layer; on GPUs the broadcasts already wait."""
+    import importlib
+
+    import torch.distributed as dist
+
+    if not cpu_qparams_unsynchronised():
+        return
+    original = importlib.import_module("llmcompressor.utils.dist").broadcast_qparams_and_cleanup
+
+    def synchronised(*args: object, **kwargs: object) -> None:
+        original(*args, **kwargs)
+        if dist.is_initialized():
+            dist.barrier()
+
+    for name in _QPARAM_USERS:
+        module = importlib.import_module(name)
+        if getattr(module, "broadcast_qparams_and_cleanup", None) is original:
+            setattr(module, "broadcast_qparams_and_cleanup", synchronised)  # noqa: B010

@@ -12,6 +12,7 @@ from typing import Any
 
 from quantize.backends import QuantizeJob
 from quantize.errors import QuantizationError, first_line
+from quantize.preflight import override_group_size  # the one rule pre-flight checks too
 from quantize.recipe import SCHEMES, AWQOptions, GPTQOptions, Recipe
 
 
@@ -29,8 +30,7 @@ def config_groups(recipe: Recipe, group_size: int | None) -> dict[str, Any]:
     """compressed-tensors config groups: the main scheme, then each override."""
     groups = {"group_0": _scheme(recipe.scheme, recipe.targets, group_size)}
     for i, ov in enumerate(recipe.overrides, 1):
-        gs = ov.group_size if isinstance(ov.group_size, int) else group_size
-        groups[f"group_{i}"] = _scheme(ov.scheme, ov.targets, gs)
+        groups[f"group_{i}"] = _scheme(ov.scheme, ov.targets, override_group_size(ov, group_size))
     return groups
 
 
@@ -76,63 +76,184 @@ class LLMCompressorBackend:
     name = "llmcompressor"
 
     def quantize(self, job: QuantizeJob, out: Path) -> dict[str, Any]:
+        if job.world_size > 1:  # data-parallel: the same steps on N processes (torchrun)
+            from quantize.backends import distributed
+
+            return distributed.launch(job, out)
         _quiet_engine()
-        import torch
-        from datasets import Dataset
-        from llmcompressor import oneshot
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         from quantize.backends import _llmc_compat
 
         _llmc_compat.apply()
-        recipe = job.recipe
-        # Calibrate in fp32 on CPU (bf16 matmuls there are slow and lossy); on a GPU use the
-        # checkpoint's own 16-bit dtype. The export is cast back to the source dtype.
-        src_dtype = _source_dtype(job.model_path)
-        dtype = torch.float32 if job.device == "cpu" else src_dtype
+        src_dtype, dtype = dtypes(job)
         tokenizer = AutoTokenizer.from_pretrained(job.model_path)
-        model = AutoModelForCausalLM.from_pretrained(
-            job.model_path, dtype=dtype, trust_remote_code=recipe.trust_remote_code,
-            device_map=None if job.device == "cpu" else job.device)
-        kwargs: dict[str, Any] = {}
-        if recipe.needs_calibration:
-            ds = Dataset.from_dict({"input_ids": job.samples,
-                                    "attention_mask": [[1] * len(s) for s in job.samples]})
-            kwargs = {"dataset": ds, "num_calibration_samples": len(job.samples),
-                      "max_seq_length": max(len(s) for s in job.samples),
-                      "shuffle_calibration_samples": False, "batch_size": 1}
-        if job.device != "cpu":
-            kwargs.update(_gpu_speedups())
+        _drop_offload(job)  # what a killed run left behind
         try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                oneshot(model=model, processor=tokenizer,  # type: ignore[arg-type]
-                        log_dir=str(out.parent / "logs"),
-                        recipe=build_modifiers(recipe, job.group_size), **kwargs)
-        except (ValueError, RuntimeError, TypeError) as exc:
-            msg = first_line(exc)
-            raise QuantizationError(f"llm-compressor failed: {msg}") from exc
-        if dtype != src_dtype:
-            model.to(src_dtype)
-        model.save_pretrained(out, save_compressed=True)
-        tokenizer.save_pretrained(out)
-        # llm-compressor writes its own modifier list as recipe.yaml; ours takes that name in
-        # the export, so keep theirs under a name that says what it is.
-        own = out / "recipe.yaml"
-        if own.exists():
-            own.rename(out / "llmcompressor_recipe.yaml")
-        return {"engine": "llmcompressor", "calibration_dtype": str(dtype).split(".")[-1],
-                "export_dtype": str(src_dtype).split(".")[-1]}
+            model = load_model(job, dtype)
+            calibrate(model, tokenizer, job, job.samples, out.parent / "logs")
+            save(model, tokenizer, out, dtype, src_dtype, write=True,
+                 disk=job.host_tier == "disk")
+        finally:
+            _drop_offload(job)
+        return summary(job, dtype, src_dtype)
 
 
-def _gpu_speedups() -> dict[str, Any]:
+def dtypes(job: QuantizeJob) -> tuple[Any, Any]:
+    """(source dtype, calibration dtype). Calibrate in fp32 on CPU (bf16 matmuls there are
+    slow and lossy); on a GPU in the checkpoint's own 16-bit dtype. The export is cast back
+    to the source dtype."""
+    import torch
+
+    src_dtype = _source_dtype(job.model_path)
+    return src_dtype, torch.float32 if job.device == "cpu" else src_dtype
+
+
+def load_model(job: QuantizeJob, dtype: Any) -> Any:
+    """The model where quantize.placement put it (GPU, host RAM, host RAM + disk; with
+    several processes through compressed-tensors' load_offloaded_model)."""
+    from transformers import AutoModelForCausalLM
+
+    from quantize.placement import load_plan
+
+    plan = load_plan(job.device, job.placement, job.host_tier, job.world_size,
+                     job.cpu_budget, job.offload_dir)
+    kwargs = {"dtype": dtype, "trust_remote_code": job.recipe.trust_remote_code,
+              **plan.kwargs}
+    if plan.offloaded_context and "max_memory" not in kwargs and job.device == "cpu":
+        import psutil  # load_offloaded_model would ask a missing accelerator for its memory
+
+        kwargs["max_memory"] = {"cpu": int(psutil.virtual_memory().available)}
+    if not plan.offloaded_context:
+        return AutoModelForCausalLM.from_pretrained(job.model_path, **kwargs)
+    from compressed_tensors.offload import load_offloaded_model
+
+    with load_offloaded_model():
+        return AutoModelForCausalLM.from_pretrained(job.model_path, **kwargs)
+
+
+def calibrate(model: Any, tokenizer: Any, job: QuantizeJob, samples: list[list[int]],
+              log_dir: Path) -> None:
+    """llm-compressor's oneshot on `samples` (this process's share under torchrun)."""
+    from datasets import Dataset
+    from llmcompressor import oneshot
+
+    recipe = job.recipe
+    kwargs: dict[str, Any] = {}
+    if recipe.needs_calibration:
+        ds = Dataset.from_dict({"input_ids": samples,
+                                "attention_mask": [[1] * len(s) for s in samples]})
+        kwargs = {"dataset": ds, "num_calibration_samples": len(samples),
+                  "max_seq_length": max(len(s) for s in samples),
+                  "shuffle_calibration_samples": False, "batch_size": job.batch_size}
+    if job.device != "cpu":
+        kwargs.update(_gpu_speedups(offload=job.placement == "onload+offload"))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            oneshot(model=model, processor=tokenizer,
+                    log_dir=str(log_dir), recipe=build_modifiers(recipe, job.group_size),
+                    **kwargs)
+    except (ValueError, RuntimeError, TypeError) as exc:
+        msg = first_line(exc)
+        raise QuantizationError(f"llm-compressor failed: {msg}") from exc
+
+
+# llm-compressor saves one shard of up to 20 GB; the pipeline then hashes each output file,
+# one thread per file. 2 GB shards let an 8B checkpoint hash on several cores at once (one
+# 8.5 GB file took 7.9 s on an H200 host, bench/RESULTS.md); vLLM and transformers load any
+# number of shards.
+SHARD_SIZE = "2GB"
+
+
+def save(model: Any, tokenizer: Any, out: Path, dtype: Any, src_dtype: Any,
+         write: bool, disk: bool = False) -> None:
+    """Compress and save. Under torchrun every rank calls this (llm-compressor's
+    save_pretrained synchronises the ranks and writes on rank 0); `write` is rank 0."""
+    if dtype != src_dtype and disk:
+        cast_parameters(model, src_dtype)
+    elif dtype != src_dtype:
+        # replaces each parameter's data in place: the key order compressed-tensors'
+        # distributed compression walks in lockstep on every rank stays as it was
+        model.to(src_dtype)
+    model.save_pretrained(out, save_compressed=True, max_shard_size=SHARD_SIZE)
+    if not write:
+        return
+    tokenizer.save_pretrained(out)
+    # llm-compressor writes its own modifier list as recipe.yaml; ours takes that name in
+    # the export, so keep theirs under a name that says what it is.
+    own = out / "recipe.yaml"
+    if own.exists():
+        own.rename(out / "llmcompressor_recipe.yaml")
+
+
+def cast_parameters(model: Any, dtype: Any) -> None:
+    """Cast floating-point parameters to `dtype` when some are offloaded to disk. There
+    `model.to()` is not enough: it casts a copy read back from disk and writes it into the
+    existing file, keeping the file's dtype (fp32 scales reached a disk-offloaded export that
+    way), so offloaded entries are replaced, not assigned. A tied parameter (embeddings and
+    lm_head) is cast once and the second owner re-pointed to it. One process only: under
+    torchrun the ranks share the offload files (quantize.placement refuses that case)."""
+    import torch
+    from compressed_tensors.offload import disable_onloading
+    from compressed_tensors.offload.cache import OffloadCache
+
+    # id of a stored tensor -> (that tensor, what replaced it); holding the old tensor keeps
+    # its id from being reused by a new one, which would look tied (and, under torchrun,
+    # skip a collective on one rank only)
+    done: dict[int, tuple[Any, Any]] = {}
+    with torch.no_grad():
+        for module in model.modules():
+            params = module._parameters
+            cached = isinstance(params, OffloadCache)
+            for name in list(params.keys()):
+                old = params.offloaded_values[name] if cached else params[name]
+                if old is None:
+                    continue
+                if id(old) in done:  # tied: already cast through its first owner
+                    with disable_onloading():
+                        params[name] = done[id(old)][1]
+                    continue
+                p = params[name]
+                if not p.is_floating_point() or p.dtype == dtype:
+                    continue
+                new = torch.nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+                if cached:
+                    del params[name]
+                params[name] = new
+                done[id(old)] = (old, params.offloaded_values[name] if cached else new)
+
+
+def summary(job: QuantizeJob, dtype: Any, src_dtype: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"engine": "llmcompressor", "batch_size": job.batch_size,
+                           "calibration_dtype": str(dtype).split(".")[-1],
+                           "export_dtype": str(src_dtype).split(".")[-1]}
+    from quantize.placement import load_plan
+
+    plan = load_plan(job.device, job.placement, job.host_tier, job.world_size, job.cpu_budget,
+                     job.offload_dir)
+    out["weights"] = plan.where
+    if "offload_folder" in plan.kwargs:
+        out["disk_offload"] = True
+    return out
+
+
+def _drop_offload(job: QuantizeJob) -> None:
+    """The disk offload folder holds a copy of the weights: never leave it behind."""
+    if job.offload_dir is not None:
+        import shutil
+
+        shutil.rmtree(job.offload_dir, ignore_errors=True)
+
+
+def _gpu_speedups(offload: bool = False) -> dict[str, Any]:
     """GPU defaults measured on an H200 with the Llama-3.1-8B architecture (bench/RESULTS.md):
     TF32 for the fp32 Hessian accumulation (26.1 s -> 7.1 s; GPTQ losses moved by -0.005% in
     total) and layer activations kept on the GPU instead of host memory (10.9 s -> 0.3 s,
-    bit-identical losses, +0.7 GiB)."""
+    bit-identical losses, +0.7 GiB) unless the memory check chose to `offload` them."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = True
-    return {"sequential_offload_device": "cuda"}
+    return {"sequential_offload_device": "cpu" if offload else "cuda"}
 
 
 def _source_dtype(path: Path) -> Any:

@@ -10,6 +10,13 @@ import click
 from quantize.cli import handle_errors, main
 from quantize.stages import STAGES
 
+# Only checked, never used to quantize: the export is the same for every tp, but vLLM shards
+# it, so a tp the model's shapes cannot take is caught before calibration.
+_tp_option = click.option(
+    "--tp", type=click.IntRange(min=1), default=1, show_default=True,
+    help="tensor-parallel size the export will be served with in vLLM: pre-flight checks that "
+         "heads, sharded layers and group size split over this many GPUs")
+
 
 def _run_options(fn: Any) -> Any:
     opts = [
@@ -27,6 +34,10 @@ def _run_options(fn: Any) -> Any:
         click.option("--allow-pickle", is_flag=True,
                      help="accept .bin/.pt weights (pickle can run code: trusted sources only)"),
         click.option("--suite", default=None, help="eval suite (default: the recipe's)"),
+        _tp_option,
+        click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="calibrate data-parallel on this many GPUs (torchrun, llm-compressor's "
+                          "DDP; with --device cpu: processes, gloo); other stages run once"),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -38,7 +49,8 @@ def _run(until: str, **kw: Any) -> None:
 
     opts = RunOptions(recipe=kw["recipe"], model=kw["model"], dataset=kw["dataset"],
                       out=kw["out"], device=kw["device"], until=until, rerun=kw["rerun"],
-                      allow_pickle=kw["allow_pickle"], suite=kw["suite"])
+                      allow_pickle=kw["allow_pickle"], suite=kw["suite"], tp=kw["tp"],
+                      gpus=kw["gpus"])
     _finish(run(opts))
 
 
@@ -68,7 +80,8 @@ def _run_folder(run_dir: Path, until: str, suite: str | None, rerun: tuple[str, 
     m = json.loads(manifest_path.read_text())
     opts = RunOptions(recipe=m["recipe"].get("ref", m["recipe"]["name"]),
                       model=m["model"]["source"], dataset=m.get("dataset"), out=run_dir,
-                      device=m.get("device", "auto"), until=until, suite=suite, rerun=rerun)
+                      device=m.get("device", "auto"), until=until, suite=suite, rerun=rerun,
+                      tp=(m.get("preflight") or {}).get("tp", 1))  # the tp the run was checked for
     _finish(run(opts))
 
 
@@ -97,10 +110,27 @@ _stage_command("export", "Everything up to the vLLM-loadable checkpoint in <run>
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--suite", default=None, help="eval suite name or YAML (default: the recipe's)")
 @click.option("--rerun", is_flag=True, help="measure again even if nothing changed")
+@click.option("--engine", type=click.Choice(["transformers", "vllm"]), default="transformers",
+              show_default=True, help="what scores the suite (vllm: not built yet)")
+@click.option("--tp", "eval_tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="tensor-parallel size for --engine vllm")
 @handle_errors
-def eval_cmd(run_dir: Path, suite: str | None, rerun: bool) -> None:
+def eval_cmd(run_dir: Path, suite: str | None, rerun: bool, engine: str, eval_tp: int) -> None:
     """Perplexity and accuracy of RUN_DIR's export vs its baseline, with recovery per metric
     (runs the stages before it first if they are not finished)."""
+    from quantize.errors import NotImplementedFeature, QuantizeError
+
+    if engine == "vllm":
+        raise NotImplementedFeature(
+            "quantize eval --engine vllm is not built: the suites are scored by transformers "
+            "and lm-eval (strided-window perplexity, log-likelihood multiple choice), and "
+            "scoring them in vLLM needs prompt log-probabilities for every window and lm-eval's "
+            "vllm backend in the vLLM environment, which are not wired up; for a "
+            f"tensor-parallel vLLM check of the export run `quantize verify {run_dir} --tp "
+            f"{eval_tp}`")
+    if eval_tp != 1:
+        raise QuantizeError("--tp applies to --engine vllm only; transformers evaluates on "
+                            "one device")
     _run_folder(run_dir, "eval", suite, ("eval",) if rerun else ())
 
 
@@ -119,19 +149,22 @@ def recipes_cmd() -> None:
     """List the shipped recipes with one-line descriptions."""
     from quantize.recipe import available, load_recipe
 
-    for name in available("recipes"):
+    names = available("recipes")
+    width = max((len(n) for n in names), default=0)
+    for name in names:
         r = load_recipe(name)
         fmt = r.scheme + (f" g{r.group_size}" if r.group_size else "") + (
             " +kv-fp8" if r.kv_cache else "")
-        click.echo(f"{name:<13} {r.method:<5} {fmt:<20} {r.description}")
+        click.echo(f"{name:<{width}} {r.method:<5} {fmt:<20} {r.backend:<13} {r.description}")
 
 
 @main.command("validate")
 @click.argument("recipe")
 @click.option("--model", "-m", default=None, help="also run the pre-flight checks on this model")
 @click.option("--no-model", is_flag=True, help="check the recipe file only")
+@_tp_option
 @handle_errors
-def validate_cmd(recipe: str, model: str | None, no_model: bool) -> None:
+def validate_cmd(recipe: str, model: str | None, no_model: bool, tp: int) -> None:
     """Check RECIPE (a name or YAML path): schema, calibration spec, eval suite, and the
     pre-flight checks against the model (default model unless --no-model)."""
     from quantize import preflight
@@ -147,9 +180,10 @@ def validate_cmd(recipe: str, model: str | None, no_model: bool) -> None:
         return
     ref = resolve_model(model)
     check_architecture(ref.config, trust_remote_code=r.trust_remote_code)
-    facts = preflight.check(r, ref.config)
+    facts = preflight.check(r, ref.config, tp=tp)
     click.echo(f"{r.name} on {ref.name}: pre-flight ok ({facts['layers']} layers to quantize"
-               + (f", group size {facts['group_size']})" if facts["group_size"] else ")"))
+               + (f", group size {facts['group_size']}" if facts["group_size"] else "")
+               + (f", tp {tp})" if tp > 1 else ")"))
 
 
 @main.command("compare")

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantize.artifacts import atomic_write_json, atomic_write_text
+from quantize.artifacts import atomic_write_json, atomic_write_text, pause_point
 from quantize.errors import EvalError, first_line
 from quantize.progress import info, step
 from quantize.recipe import EvalSuite, MetricSpec, canonical_hash
@@ -41,21 +41,44 @@ def load_model(path: Path, device: str) -> tuple[Any, Any]:
     dtype = torch.float32 if device == "cpu" else "auto"
     kwargs: dict[str, Any] = {}
     config = json.loads((path / "config.json").read_text())
-    if config.get("quantization_config", {}).get("quant_method") == "compressed-tensors":
+    method = config.get("quantization_config", {}).get("quant_method")
+    if method == "compressed-tensors":
         from transformers import CompressedTensorsConfig
 
         # Decompress once at load: the same numbers as the packed kernels' dequantization,
         # without unpacking every weight again on every forward pass.
         kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device,
-                                                     **kwargs)
+        if method in ("gptq", "awq"):
+            model = dense_native(path, config, device)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device,
+                                                         **kwargs)
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, RuntimeError) as exc:
         first = first_line(exc)
         raise EvalError(f"cannot load {path} for evaluation: {first}") from None
     model.eval()
     return model, tok
+
+
+def dense_native(path: Path, config: dict[str, Any], device: str) -> Any:
+    """A native GPTQ/AWQ export (backend gptqmodel/autoawq) decoded once from its stored
+    integers, zero points and scales into a dense model: fp32 on CPU, the same arithmetic as
+    the compressed-tensors path, so engines compare on equal terms. Through transformers these
+    checkpoints run GPTQModel's CPU kernels, which compute in bf16 with bf16-rounded scales
+    (0.3-0.7% of each layer's largest weight on the tiny test model): an eval difference that
+    would be the kernel's, not the engine's. `quantize verify` checks this decode against
+    those kernels and against vLLM."""
+    import torch
+
+    from quantize.stages.verify import build_reference
+
+    model, _ = build_reference(path, config)
+    if device != "cpu":
+        name = str(config.get("dtype") or config.get("torch_dtype") or "float16")
+        model = model.to(device=device, dtype=getattr(torch, name, torch.float16))
+    return model
 
 
 def evaluate(path: Path, suite: EvalSuite, device: str, label: str) -> dict[str, Any]:
@@ -153,6 +176,7 @@ def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, de
         versions: dict[str, str], out: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     base, cached = baseline(base_path, fingerprint, suite, device, versions)
+    pause_point("eval:baseline")  # tests kill the run between baseline and candidate
     t1 = time.perf_counter()
     cand = evaluate(candidate, suite, device, "candidate")
     t2 = time.perf_counter()

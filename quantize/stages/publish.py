@@ -35,6 +35,8 @@ from quantize.artifacts import (
     check_tree,
     hash_tree,
     now,
+    pause_point,
+    private_dir,
     run_lock,
 )
 from quantize.errors import ExportError, PublishError, QuantizeError, first_line
@@ -572,7 +574,12 @@ def publish(opts: PublishOptions) -> PublishResult:
             run_dir / NAME / opts.org / repo_id.split("/")[1]
         if opts.out and opts.dry_run and folder.exists() and any(folder.iterdir()):
             raise PublishError(f"--out {folder} exists and is not empty; give a new folder")
+        if not (opts.dry_run and opts.out):
+            # <run>/publish holds what goes to (possibly private) repos with the token, and
+            # the record of each push: user-only
+            private_dir(run_dir / NAME)
         write_repo(run, inputs, extra, folder)
+        pause_point("publish:staged")
         files = {rel: ((folder / rel).stat().st_size, sha)
                  for rel, sha in hash_tree(folder).items()}
         result = PublishResult(repo_id, folder, files, opts.private, opts.dry_run, forced)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,4 +19,20 @@ def run(job: QuantizeJob, out: Path) -> dict[str, Any]:
         what += f" g{job.group_size}"
     with step(f"quantizing with {backend.name}: {what}, {len(job.samples)} calibration samples"
               f" on {job.device}"):
-        return backend.quantize(job, out)
+        summary = backend.quantize(job, out)
+    summary["peak_rss_gib"] = peak_rss_gib()  # `quantize compare` shows it per engine
+    return summary
+
+
+def peak_rss_gib() -> float | None:
+    """The largest resident memory of this process (or of a finished child, e.g. torchrun's)
+    so far, in GiB: in a `quantize run`, the quantize stage's peak (calibration before it is
+    small). None where the platform does not report it."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    kib = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+              resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    per_unit = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux KiB
+    return round(kib * per_unit / 2**30, 2)

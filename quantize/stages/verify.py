@@ -14,12 +14,15 @@ Two levels, and verify.json says which one a checkpoint got:
   group or channel, the scheme's activation quantization re-implemented as hooks) in a plain
   dense model. Both are the same fp32 arithmetic over the same integers and scales, so they
   must agree to float tolerance. This checks the stored integers, scales, zero points and
-  packing layout, not the quantization quality (the gate does that). It is preferred to
-  comparing with the dense model's logits under a scheme-derived tolerance, because that
-  tolerance must be loose enough for 2-bit recipes (RTN INT2 of the default model agrees
-  with it on 0.4% of next tokens) and so would pass a corrupt 8-bit export. The source
-  model is still compared, weight by weight (column cosine, floor by bits), to catch a
-  decode that is consistent but wrong: both sides misreading a layout the same way.
+  packing layout, not the quantization quality (the gate does that). Native GPTQ/AWQ exports
+  (backend gptqmodel/autoawq) get the same check against GPTQModel's kernels, which is what
+  transformers loads them with, decoded here from their own layouts (GPTQ v1/v2, AWQ GEMM).
+  It is preferred to comparing with the dense model's logits under a scheme-derived
+  tolerance, because that tolerance must be loose enough for 2-bit recipes (RTN INT2 of the
+  default model agrees with it on 0.4% of next tokens) and so would pass a corrupt 8-bit
+  export. The source model is still compared, weight by weight (column cosine, floor by
+  bits), to catch a decode that is consistent but wrong: both sides misreading a layout the
+  same way.
 """
 
 from __future__ import annotations
@@ -90,6 +93,14 @@ class DecodeTolerance:
     # SmoothQuant+GPTQ INT8 0.9996, FP8 0.9997, RTN INT4 0.992, GPTQ INT4 0.951, RTN INT2
     # 0.848; a misread layout (bit order, rows, transposition, zero points) falls near 0.
     cosine_floor: tuple[tuple[int, float], ...] = ((8, 0.98), (4, 0.9), (3, 0.8), (2, 0.7))
+    # Native GPTQ/AWQ: the loader is GPTQModel's CPU kernel, which rounds the scales to bf16
+    # and multiplies in bf16 (nn_modules/qlinear/torch_aten_kernel*.py), so the two sides
+    # differ by bf16 rounding (2^-8 relative), not by float noise. Measured: weights 0.34% to
+    # 0.67% on the tiny test model, logits (NATIVE_LOGPROB_NOTE). A misread layout still
+    # gives ~100% and several nats.
+    native_weight_rel: float = 1.5e-2
+    native_mean_abs_dlogprob: float = 5e-2
+    native_max_abs_dlogprob: float = 0.5
 
 
 # --- where things are -------------------------------------------------------------------
@@ -135,12 +146,21 @@ def prompt_ids(ckpt: Path) -> list[list[int]]:
 # --- transformers side --------------------------------------------------------------------
 def load_hf(ckpt: Path) -> Any:
     """The checkpoint in transformers, decompressed to fp32 by compressed-tensors (which also
-    applies the scheme's activation quantization in forward)."""
+    applies the scheme's activation quantization in forward); a native GPTQ/AWQ checkpoint
+    runs on GPTQModel's kernels in fp32."""
+    import contextlib
+
     import torch
     from transformers import AutoModelForCausalLM
 
+    from quantize.backends._native import NATIVE_METHODS, native_load
+
     kwargs: dict[str, Any] = {"dtype": torch.float32}
-    if (json.loads((ckpt / "config.json").read_text()).get("quantization_config")):
+    qc = json.loads((ckpt / "config.json").read_text()).get("quantization_config") or {}
+    loading: Any = contextlib.nullcontext()
+    if qc.get("quant_method") in NATIVE_METHODS:
+        loading = native_load(qc["quant_method"])
+    elif qc:
         import inspect
 
         from transformers import CompressedTensorsConfig
@@ -150,7 +170,8 @@ def load_hf(ckpt: Path) -> Any:
         flag: dict[str, Any] = {"dequantize": True} if new_name else {"run_compressed": False}
         kwargs["quantization_config"] = CompressedTensorsConfig(**flag)
     try:
-        model = AutoModelForCausalLM.from_pretrained(ckpt, **kwargs)
+        with loading:
+            model = AutoModelForCausalLM.from_pretrained(ckpt, **kwargs)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:  # incl. NotImplementedError
         first = first_line(exc)
         raise VerifyError(f"transformers cannot load {ckpt}: {type(exc).__name__}: {first}") \
@@ -373,6 +394,68 @@ def decode_weight(t: dict[str, torch.Tensor], wargs: dict[str, Any]) -> torch.Te
     return (q - z) * scale[:, cols]
 
 
+# Native AWQ GEMM packs 8 output columns per int32 in the order 0,2,4,6,1,3,5,7 (AutoAWQ's
+# WQLinear_GEMM.from_linear); natural column c sits at nibble position _AWQ_POSITION[c].
+_AWQ_POSITION = (0, 4, 1, 5, 2, 6, 3, 7)
+
+
+def native_args(qc: dict[str, Any]) -> dict[str, Any]:
+    """The numbers a native GPTQ/AWQ quantization_config gives (GPTQModel and AutoAWQ keys)."""
+    method = qc["quant_method"]
+    bits = int(qc.get("bits") or qc.get("w_bit") or 0)
+    gs = int(qc.get("group_size") or qc.get("q_group_size") or -1)
+    fmt = str(qc.get("checkpoint_format") or qc.get("format") or qc.get("version") or "")
+    if method == "gptq" and fmt not in ("gptq", "gptq_v2"):
+        raise VerifyError(f"native GPTQ checkpoint_format {fmt!r} has no reference decode; "
+                          "verify handles gptq and gptq_v2")
+    if method == "awq" and (fmt.lower() != "gemm" or bits != 4):
+        raise VerifyError(f"native AWQ {fmt!r} {bits}-bit has no reference decode; verify "
+                          "handles 4-bit GEMM")
+    # GPTQ v1 ("gptq") stores each zero point minus one; v2 and AWQ store it as is
+    return {"method": method, "bits": bits, "group_size": gs,
+            "zero_offset": 1 if (method, fmt) == ("gptq", "gptq") else 0}
+
+
+def decode_native(t: dict[str, torch.Tensor], nargs: dict[str, Any]) -> torch.Tensor:
+    """Dense fp32 weight [out, in] from one layer's native GPTQ or AWQ GEMM tensors:
+    W = (q - zero) * scale per group, decoded from the bits here, not by the engine."""
+    import torch
+
+    bits, scale = nargs["bits"], t["scales"].float()  # [groups, out]
+    qw, qz = t["qweight"], t["qzeros"]
+    if nargs["method"] == "gptq":  # qweight [in*bits/32, out], standard bit order
+        in_f, out_f = qw.shape[0] * 32 // bits, qw.shape[1]
+        q = _unpack(qw, bits, in_f, 0)  # [in, out]
+        z = _unpack(qz, bits, out_f, 1) + nargs["zero_offset"]  # [groups, out]
+    else:  # AWQ GEMM: qweight [in, out*bits/32], packed along the output in AWQ order
+        in_f, out_f = qw.shape[0], qw.shape[1] * 32 // bits
+        order = torch.tensor(_AWQ_POSITION)
+        q = _unpack(qw, bits, out_f, 1).reshape(in_f, -1, 8)[:, :, order].reshape(in_f, out_f)
+        z = _unpack(qz, bits, out_f, 1).reshape(qz.shape[0], -1, 8)[:, :, order].reshape(
+            qz.shape[0], out_f)
+    gs = nargs["group_size"] if nargs["group_size"] > 0 else in_f
+    g_idx = t.get("g_idx")
+    rows = g_idx.long() if g_idx is not None else torch.arange(in_f) // gs
+    return ((q.float() - z.float()[rows]) * scale[rows]).T.contiguous()
+
+
+def effective_weight(mod: Any) -> torch.Tensor:
+    """A layer's weight [out, in] as the loaded model uses it: its dense weight, or, for a
+    quantized kernel module without one (GPTQModel's), what it does to the identity."""
+    import torch
+
+    w = getattr(mod, "weight", None)
+    if isinstance(w, torch.Tensor) and w.is_floating_point():
+        return w.detach().float()
+    eye = torch.eye(int(mod.in_features), dtype=torch.float32)
+    with torch.no_grad():
+        y = mod(eye).float()
+    bias = getattr(mod, "bias", None)
+    if isinstance(bias, torch.Tensor):
+        y = y - bias.float()
+    return y.T
+
+
 def _fake_quant_hook(aargs: dict[str, Any], input_scale: torch.Tensor | None) -> Any:
     """Forward pre-hook quantizing a Linear's input as the scheme says (our own version)."""
     import torch
@@ -436,6 +519,15 @@ def build_reference(ckpt: Path, config: dict[str, Any]) -> tuple[Any, dict[str, 
     state: dict[str, torch.Tensor] = {}
     decoded: dict[str, torch.Tensor] = {}
     modules = dict(model.named_modules())
+    from quantize.backends._native import NATIVE_METHODS
+
+    if qc.get("quant_method") in NATIVE_METHODS:  # GPTQ/AWQ: every layer with a qweight
+        nargs = native_args(qc)
+        for name in sorted(k[: -len(".qweight")] for k in raw if k.endswith(".qweight")):
+            t = {k[len(name) + 1:]: v for k, v in raw.items() if k.startswith(name + ".")}
+            decoded[name] = state[name + ".weight"] = decode_native(t, nargs)
+            if t.get("bias") is not None:
+                state[name + ".bias"] = t["bias"].float()
     for name, group in layer_groups(model, qc).items():
         mod = modules[name]
         if not isinstance(mod, torch.nn.Linear):
@@ -464,7 +556,11 @@ def build_reference(ckpt: Path, config: dict[str, Any]) -> tuple[Any, dict[str, 
 
 
 def _weight_bits(config: dict[str, Any]) -> int:
-    groups = (config.get("quantization_config") or {}).get("config_groups") or {}
+    qc = config.get("quantization_config") or {}
+    native = qc.get("bits") or qc.get("w_bit")  # native GPTQ/AWQ
+    if native:
+        return int(native)
+    groups = qc.get("config_groups") or {}
     return min((int(g["weights"]["num_bits"]) for g in groups.values()), default=16)
 
 
@@ -498,7 +594,8 @@ def weight_similarity(decoded: dict[str, torch.Tensor], src: Path) -> tuple[floa
 
 
 def verify_decode(ckpt: Path, config: dict[str, Any], tol: DecodeTolerance) -> dict[str, Any]:
-    """Fallback: compressed-tensors' decode vs ours, plus the weights against the source."""
+    """Fallback: compressed-tensors' (or, for native GPTQ/AWQ, GPTQModel's) decode vs ours,
+    plus the weights against the source."""
 
     t0 = time.perf_counter()
     cand = load_hf(ckpt)
@@ -506,7 +603,7 @@ def verify_decode(ckpt: Path, config: dict[str, Any], tol: DecodeTolerance) -> d
     worst = ("", 0.0)
     modules = dict(cand.named_modules())
     for name, w in decoded.items():
-        cw = modules[name].weight.detach().float()
+        cw = effective_weight(modules[name])
         rel = float((cw - w).abs().max() / w.abs().max().clamp_min(1e-12))
         if rel > worst[1] or not math.isfinite(rel):
             worst = (name, rel)
@@ -529,11 +626,14 @@ def verify_decode(ckpt: Path, config: dict[str, Any], tol: DecodeTolerance) -> d
     failures = []
     if not decoded:
         failures.append("no quantized layer found to decode")
-    if not worst[1] <= tol.weight_rel:
-        failures.append(f"layer {worst[0]}: compressed-tensors' weights differ from the "
-                        f"stored integers × scales by {worst[1]:.2e} (relative)")
-    if metrics["mean_abs_dlogprob"] > tol.mean_abs_dlogprob or \
-            metrics["max_abs_dlogprob"] > tol.max_abs_dlogprob:
+    native = (config.get("quantization_config") or {}).get("quant_method") in ("gptq", "awq")
+    weight_rel, mean_d, max_d = (
+        (tol.native_weight_rel, tol.native_mean_abs_dlogprob, tol.native_max_abs_dlogprob)
+        if native else (tol.weight_rel, tol.mean_abs_dlogprob, tol.max_abs_dlogprob))
+    if not worst[1] <= weight_rel:
+        failures.append(f"layer {worst[0]}: the loader's weights differ from the stored "
+                        f"integers × scales by {worst[1]:.2e} (relative)")
+    if metrics["mean_abs_dlogprob"] > mean_d or metrics["max_abs_dlogprob"] > max_d:
         failures.append(f"logits differ: mean |Δlogprob| {metrics['mean_abs_dlogprob']:.2e}, "
                         f"max {metrics['max_abs_dlogprob']:.2e}")
     if cos is not None and not cos >= floor:
@@ -620,7 +720,7 @@ def one_line(s: dict[str, Any]) -> str:
                 f"{v.get('dtype')}); greedy agreement with transformers "
                 f"{m.get('agreement', 0):.1%} over {m.get('steps')} steps, mean |Δlogprob| "
                 f"{m.get('mean_abs_dlogprob')} nats")
-    return (f"not loadable in this host's vLLM; decoded independently of compressed-tensors: "
+    return (f"not loadable in this host's vLLM; decoded independently of the loader: "
             f"max weight difference {m.get('worst_weight_rel_diff')} (relative), max "
             f"|Δlogprob| {m.get('max_abs_dlogprob')}; worst layer's cosine with the source "
             f"weights {m.get('source_cosine_min')}")

@@ -40,7 +40,11 @@ def logits(path: Path, ids: Any) -> Any:
         return model(input_ids=ids).logits
 
 
-@pytest.mark.parametrize("recipe", available("recipes"))
+# llm-compressor's recipes; the native-format engines have tests/integration/test_engines.py
+LLMC_RECIPES = [n for n in available("recipes") if load_recipe(n).backend == "llmcompressor"]
+
+
+@pytest.mark.parametrize("recipe", LLMC_RECIPES)
 def test_every_recipe_exports_a_loadable_checkpoint(recipe: str, tiny_model: Path,
                                                     small_calibration: Path,
                                                     tmp_path: Path) -> None:
@@ -88,14 +92,26 @@ def test_rerun_skips_unchanged_stages_and_rebuilds_tampered_ones(
     err = capsys.readouterr().err
     assert err.count("skip") == 3 and "inputs unchanged" in err
     assert second["stages"]["export"]["ended"] == first["stages"]["export"]["ended"]
-    # tamper with the export: the next run notices and rebuilds it, nothing else
-    w = tmp_path / "run" / "export" / "model.safetensors"
-    w.write_bytes(w.read_bytes()[:-10])
+    # tamper with the export's config: the next run notices and rebuilds the export only
+    c = tmp_path / "run" / "export" / "config.json"
+    c.write_text(c.read_text().replace("quantization_config", "quantisation_config"))
     third = run(opts).manifest
     err = capsys.readouterr().err
     assert "export: outputs no longer match the manifest" in err
     assert third["stages"]["export"]["outputs"] == first["stages"]["export"]["outputs"]
     assert third["stages"]["quantize"]["ended"] == first["stages"]["quantize"]["ended"]
+    # truncate a weight file in place: it is hard-linked to the quantize stage's, so that
+    # stage is found damaged too and both are rebuilt, to the same bytes
+    w = tmp_path / "run" / "export" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:-10])
+    fourth = run(opts).manifest
+    err = capsys.readouterr().err
+    assert "quantize: outputs no longer match the manifest" in err
+    assert "skip quantize" not in err
+    # the same files; only the export's manifest.json differs (it records stage timings)
+    outs = [{k: v for k, v in m["stages"]["export"]["outputs"].items() if k != "manifest.json"}
+            for m in (first, fourth)]
+    assert outs[0] == outs[1]
 
 
 def _suite(tmp_path: Path, threshold: float) -> Path:

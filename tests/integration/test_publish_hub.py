@@ -162,7 +162,7 @@ def test_publish_redownload_and_load(run_dir: Path, hub: FakeHub, tmp_path: Path
     # the token was used, and never repeated
     assert {r["auth"] for r in hub.calls("POST", "/commit/")} == {TOKEN}
     assert TOKEN not in res.stdout + res.stderr + dry.stdout + dry.stderr
-    for f in run_dir.rglob("*"):
+    for f in tmp_path.rglob("*"):  # the run folder, the dry run's folder and HF_HOME
         if f.is_file():
             assert TOKEN.encode() not in f.read_bytes(), f
     assert not [p for p, b in hub.files(REPO).items() if TOKEN.encode() in b.data]

@@ -1,25 +1,68 @@
-"""Kill a real `quantize run` subprocess at named points (QUANTIZE_PAUSE_AT makes it sleep
-there), then re-run the same command: it resumes from the last finished stage, never reuses
-a half-written folder, and the export is hash-identical to an uninterrupted run's."""
+"""Kill a real `quantize run` / `quantize publish` subprocess (SIGKILL and SIGINT) at named
+points of every stage, then re-run the same command: it resumes from the last finished stage,
+never reuses a half-written folder, and ends with the same hashes as an uninterrupted run.
+
+Pipeline points pause through QUANTIZE_PAUSE_AT (quantize.artifacts.pause_point):
+`<stage>:start` (before its folder exists), `<stage>:written` (all files written into the
+hidden `.<stage>.partial` folder), `<stage>:renamed` (the folder is in place, its manifest
+entry not written yet), `export:half` (halfway through copying the export's files) and
+`eval:baseline` (between the baseline's and the candidate's evaluation). Publish points:
+`publish:staged` (the repo folder is written, nothing uploaded) and the commit request held
+open by the loopback fake Hub (tests/hubserver.py), which after the kill either carries the
+commit out (`commit-landed`: the request had reached the Hub) or drops it (`commit-lost`).
+
+The default run (`make test`) kills at 3 points; `make test-slow` runs the whole matrix.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-FAST = [("export:written", signal.SIGKILL), ("calibrate:start", signal.SIGINT)]
-SLOW = [("calibrate:written", signal.SIGKILL), ("quantize:start", signal.SIGINT),
-        ("quantize:written", signal.SIGKILL), ("export:start", signal.SIGKILL),
-        ("eval:written", signal.SIGKILL), ("gate:start", signal.SIGINT)]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hubserver import FakeHub
+
+FAKE_TOKEN = "hf_ResumeTestToken4Vb8XqWz2Lp7Tn"  # in every subprocess's env; never written
+ORG, BASE = "test-org", "test-org/Tiny-Llama"
+REPO = f"{ORG}/Tiny-Llama-FP8-dynamic"
+SIGNALS = (signal.SIGKILL, signal.SIGINT)
+STAGE_POINTS = {
+    "calibrate": ("start", "written"),
+    "quantize": ("start", "written", "renamed"),
+    "export": ("start", "half", "written", "renamed"),
+    "eval": ("start", "baseline", "written"),
+    "gate": ("start", "written"),
+}
+PIPELINE_POINTS = [f"{stage}:{when}" for stage, whens in STAGE_POINTS.items() for when in whens]
+PUBLISH_POINTS = ["publish:staged", "commit-landed", "commit-lost"]
+DEFAULT = {("export:half", signal.SIGKILL), ("eval:baseline", signal.SIGINT),
+           ("commit-landed", signal.SIGKILL)}
 
 
+def _cases(points: list[str]) -> list[Any]:
+    return [pytest.param(p, s, id=f"{p}-{s.name}",
+                         marks=() if (p, s) in DEFAULT else pytest.mark.slow)
+            for p in points for s in SIGNALS]
+
+
+def kill_point_count() -> dict[str, int]:
+    """Kill points per stage x signal (docs/reliability.md quotes these)."""
+    counts = {stage: len(whens) * len(SIGNALS) for stage, whens in STAGE_POINTS.items()}
+    counts["publish"] = len(PUBLISH_POINTS) * len(SIGNALS)
+    return counts
+
+
+# --- the pipeline ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     p = tmp_path_factory.mktemp("suite") / "resume.yaml"
@@ -34,61 +77,211 @@ def cmd(model: Path, out: Path, suite: Path) -> list[str]:
             "--out", str(out), "--suite", str(suite), "--device", "cpu"]
 
 
-def export_files(out: Path) -> dict[str, str]:
-    files: dict[str, str] = json.loads((out / "export" / "manifest.json").read_text())["files"]
-    return files
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "HF_TOKEN": FAKE_TOKEN, **extra}
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_model: Path, suite: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted run (with a fake token in its environment)."""
     out = tmp_path_factory.mktemp("ref") / "run"
-    subprocess.run(cmd(tiny_model, out, suite), check=True, capture_output=True)
+    proc = subprocess.run(cmd(tiny_model, out, suite), env=env(), capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert FAKE_TOKEN not in proc.stdout + proc.stderr
     return out
 
 
-def _kill_at(point: str, sig: signal.Signals, tiny_model: Path, suite: Path, out: Path) -> None:
-    marker = out.parent / "paused"
-    env = {**os.environ, "QUANTIZE_PAUSE_AT": point, "QUANTIZE_PAUSE_MARKER": str(marker)}
-    proc = subprocess.Popen(cmd(tiny_model, out, suite), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def stage_hashes(out: Path) -> dict[str, Any]:
+    """What must not change: every file hash of the calibration, quantize and export folders
+    (export/manifest.json only by its `files`: it also records timings), eval numbers and
+    the gate verdict."""
+    m = json.loads((out / "manifest.json").read_text())
+    got: dict[str, Any] = {s: m["stages"][s]["outputs"] for s in ("calibrate", "quantize")}
+    got["export"] = {k: v for k, v in m["stages"]["export"]["outputs"].items()
+                     if k != "manifest.json"}
+    got["export-files"] = json.loads((out / "export" / "manifest.json").read_text())["files"]
+    got["eval"] = m["stages"]["eval"]["summary"]
+    got["gate"] = m["stages"]["gate"]["summary"]["verdict"]
+    return got
+
+
+def _wait_marker(proc: subprocess.Popen[str], marker: Path) -> None:
     deadline = time.time() + 300
     while not marker.exists():
-        assert proc.poll() is None, proc.communicate()
+        if proc.poll() is not None:
+            raise AssertionError(f"exited before the pause point: {proc.communicate()}")
         assert time.time() < deadline, "never reached the pause point"
         time.sleep(0.2)
+
+
+def _kill_at(point: str, sig: signal.Signals, tiny_model: Path, suite: Path, out: Path,
+             reference: Path) -> None:
+    marker = out.parent / "paused"
+    proc = subprocess.Popen(cmd(tiny_model, out, suite),
+                            env=env(QUANTIZE_PAUSE_AT=point, QUANTIZE_PAUSE_MARKER=str(marker)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_marker(proc, marker)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0
+    assert proc.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL), err
     if sig == signal.SIGINT:
-        assert "interrupted" in err and "Traceback" not in err
+        assert "interrupted: finished stages are kept" in err and "Traceback" not in err
+        assert not (out / ".lock").exists()
+    else:
+        assert (out / ".lock").read_text() == str(proc.pid)  # stale: its owner is dead
     stage, when = point.split(":")
-    # the interrupted stage never looks finished
     manifest = json.loads((out / "manifest.json").read_text()) if (
         out / "manifest.json").exists() else {"stages": {}}
-    assert stage not in manifest["stages"]
-    if when == "start" or sig == signal.SIGINT:
-        assert not (out / stage).exists()
+    assert stage not in manifest["stages"]  # the interrupted stage never looks finished
+    partial = out / f".{stage}.partial"
+    if when == "renamed":  # complete folder, but no manifest entry: will not be trusted
+        assert (out / stage).is_dir() and not partial.exists()
+    elif when == "start" or sig == signal.SIGINT:
+        assert not (out / stage).exists() and not partial.exists()
+    else:  # SIGKILL inside the stage: a hidden half-written folder is left behind
+        assert partial.is_dir() and not (out / stage).exists()
+        if point == "export:half":
+            done = {p.name for p in partial.iterdir()}
+            assert 0 < len(done) < len(list((reference / "export").iterdir()))
 
 
-def _resume(tiny_model: Path, suite: Path, out: Path, reference: Path) -> None:
-    proc = subprocess.run(cmd(tiny_model, out, suite), capture_output=True, text=True)
+def _resume(point: str, tiny_model: Path, suite: Path, out: Path, reference: Path) -> None:
+    proc = subprocess.run(cmd(tiny_model, out, suite), env=env(), capture_output=True,
+                          text=True)
     assert proc.returncode == 0, proc.stderr
-    assert export_files(out) == export_files(reference)
-    assert not list(out.glob(".*.partial")) and not (out / ".lock").exists()
+    stage = point.split(":")[0]
+    # the interrupted stage ran again; the finished ones before it were reused
+    assert f"{stage}: no finished result yet" in proc.stderr, proc.stderr
+    stages = list(STAGE_POINTS)
+    for before in stages[: stages.index(stage)]:
+        assert f"skip {before}: inputs unchanged" in proc.stderr, proc.stderr
+    assert stage_hashes(out) == stage_hashes(reference)
+    leftovers = [p.name for p in out.iterdir() if p.name.startswith(".")]
+    assert leftovers == [], leftovers  # no .partial, .old or .lock
+    assert FAKE_TOKEN not in proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize(("point", "sig"), FAST)
+@pytest.mark.parametrize(("point", "sig"), _cases(PIPELINE_POINTS))
 def test_kill_and_resume(point: str, sig: signal.Signals, tiny_model: Path, suite: Path,
                          reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    _kill_at(point, sig, tiny_model, suite, out)
-    _resume(tiny_model, suite, out, reference)
+    _kill_at(point, sig, tiny_model, suite, out, reference)
+    _resume(point, tiny_model, suite, out, reference)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("point", "sig"), SLOW)
-def test_kill_and_resume_everywhere(point: str, sig: signal.Signals, tiny_model: Path,
-                                    suite: Path, reference: Path, tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    _kill_at(point, sig, tiny_model, suite, out)
-    _resume(tiny_model, suite, out, reference)
+def test_a_second_run_on_the_same_folder_is_refused(tiny_model: Path, suite: Path,
+                                                    tmp_path: Path) -> None:
+    """While one run owns the folder, a second one exits 2 naming the owner's pid and
+    writes nothing; the first one then finishes as if alone."""
+    out, marker = tmp_path / "run", tmp_path / "paused"
+    first = subprocess.Popen(cmd(tiny_model, out, suite), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env=env(QUANTIZE_PAUSE_AT="quantize:written",
+                                     QUANTIZE_PAUSE_MARKER=str(marker),
+                                     QUANTIZE_PAUSE_SECONDS="20"))
+    _wait_marker(first, marker)
+    before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")}
+    second = subprocess.run(cmd(tiny_model, out, suite), env=env(), capture_output=True,
+                            text=True)
+    assert second.returncode == 2
+    assert f"is in use by process {first.pid}; wait for it" in second.stderr
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")} == before
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+
+
+def test_no_file_a_run_writes_holds_the_token(reference: Path) -> None:
+    """Manifest, stage files, reports and llm-compressor's log: the token is in the
+    environment of the run, and in none of its files."""
+    files = [p for p in reference.rglob("*") if p.is_file()]
+    assert any(p.parent.name == "logs" for p in files)  # the engine's log is checked too
+    for f in files:
+        assert FAKE_TOKEN.encode() not in f.read_bytes(), f
+
+
+# --- publish ------------------------------------------------------------------------------
+def publish_env(hub: FakeHub, home: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    return e | {"HF_ENDPOINT": hub.url, "HF_TOKEN": FAKE_TOKEN, "HF_HOME": str(home),
+                "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def publish_cmd(run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "quantize.cli", "publish", str(run_dir), "--org", ORG,
+            "--base-model", BASE, "--license", "apache-2.0"]
+
+
+def hub_files(hub: FakeHub) -> dict[str, str]:
+    return {p: b.sha256 for p, b in hub.files(REPO).items() if p != ".gitattributes"}
+
+
+@pytest.fixture(scope="module")
+def published(reference: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """What an uninterrupted publish of (a copy of) the reference run puts on the Hub."""
+    base = tmp_path_factory.mktemp("pubref")
+    run_dir = base / "run"
+    shutil.copytree(reference, run_dir)
+    with FakeHub(token=FAKE_TOKEN, orgs=(ORG,)) as hub:
+        proc = subprocess.run(publish_cmd(run_dir), env=publish_env(hub, base / "hf"),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert len(hub.commits(REPO)) == 2
+        return hub_files(hub)
+
+
+def _publish_killed(point: str, sig: signal.Signals, run_dir: Path, hub: FakeHub,
+                    home: Path) -> None:
+    marker = run_dir.parent / "paused"
+    e = publish_env(hub, home)
+    hold = None
+    if point == "publish:staged":
+        e |= {"QUANTIZE_PAUSE_AT": point, "QUANTIZE_PAUSE_MARKER": str(marker)}
+    else:
+        hold = hub.hold("POST", r"/commit/main$", lose=point == "commit-lost")
+    proc = subprocess.Popen(publish_cmd(run_dir), env=e, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    if hold is None:
+        _wait_marker(proc, marker)
+    else:
+        while not hold.arrived.wait(0.2):
+            assert proc.poll() is None, proc.communicate()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL), err
+    if sig == signal.SIGINT:
+        assert "interrupted" in err and "Traceback" not in err
+    assert FAKE_TOKEN not in out + err
+    if hold is not None:
+        hold.release.set()  # the Hub finishes (or drops) the request its client left behind
+        assert hold.done.wait(60)
+    landed = point == "commit-landed"
+    assert (REPO in hub.repos and len(hub.commits(REPO)) == 2) == landed
+
+
+@pytest.mark.parametrize(("point", "sig"), _cases(PUBLISH_POINTS))
+def test_kill_publish_and_resume(point: str, sig: signal.Signals, reference: Path,
+                                 published: dict[str, str], tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    with FakeHub(token=FAKE_TOKEN, orgs=(ORG,)) as hub:
+        _publish_killed(point, sig, run_dir, hub, tmp_path / "hf")
+        proc = subprocess.run(publish_cmd(run_dir), env=publish_env(hub, tmp_path / "hf"),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        if point == "commit-landed":  # the re-run sees its files already there
+            assert "nothing changed" in proc.stdout, proc.stdout
+        else:
+            assert f"published {REPO}" in proc.stdout, proc.stdout
+        assert len(hub.commits(REPO)) == 2  # the initial commit + exactly one of ours
+        assert hub_files(hub) == published  # the same bytes as an uninterrupted publish
+        assert FAKE_TOKEN not in proc.stdout + proc.stderr
+    pub = run_dir / "publish"
+    assert stat.S_IMODE(pub.stat().st_mode) == 0o700  # staged repo + push record: user-only
+    leftovers = [p for p in [*run_dir.iterdir(), *pub.rglob(".*")] if p.name.startswith(".")]
+    assert leftovers == [], leftovers
+    for f in tmp_path.rglob("*"):  # run folder, staging, publish record, HF_HOME
+        if f.is_file():
+            assert FAKE_TOKEN.encode() not in f.read_bytes(), f

@@ -110,3 +110,76 @@ def test_debug_shows_the_traceback() -> None:
                           capture_output=True, text=True, env={**__import__("os").environ,
                                                                **env})
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+# --- --tp: the tensor-parallel pre-flight checks from the command line ----------------------
+def _config_only_model(folder: Path, **over: object) -> Path:
+    """A model folder whose config.json is all pre-flight reads (weights are a placeholder:
+    the checks build a meta-device model)."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 512,
+           "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 4,
+           "head_dim": 64, "num_hidden_layers": 1, "vocab_size": 1024,
+           "tie_word_embeddings": True, **over}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file({"x": torch.zeros(1)}, str(folder / "model.safetensors"))
+    return folder
+
+
+G128 = "name: r\ndescription: d\nmethod: rtn\nscheme: W4A16\ngroup_size: 128\n"
+W8A8 = "name: r\ndescription: d\nmethod: rtn\nscheme: W8A8\n"
+
+
+@pytest.mark.parametrize(
+    ("config", "recipe", "tp", "match"),
+    [
+        ({"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576},
+         G128.replace("group_size: 128", "group_size: 64"), 2,
+         r"--tp 2: num_attention_heads 9 is not divisible by 2, .* use a tp in \[1, 3, 9\]"),
+        ({"num_key_value_heads": 3}, G128, 2,
+         r"--tp 2: num_key_value_heads 3 cannot be split or replicated over 2 ranks"),
+        ({"intermediate_size": 1002}, W8A8, 4,
+         r"--tp 4: model\.layers\.0\.mlp\.gate_proj shards its out_features \(1002\) over 4 "
+         r"ranks, which does not divide; use a tp that divides 1002"),
+        ({"intermediate_size": 1280}, G128, 4,
+         r"--tp 4: model\.layers\.0\.mlp\.down_proj has in_features 1280, 320 per rank, which "
+         r"group_size 128 does not divide"),
+    ],
+    ids=["attention-heads", "kv-heads", "sharded-dim", "group-straddles-ranks"],
+)
+def test_validate_tp_catches_each_sharding_failure(
+        tmp_path: Path, config: dict[str, object], recipe: str, tp: int, match: str) -> None:
+    import re
+
+    model = _config_only_model(tmp_path / "m", **config)
+    rec = tmp_path / "r.yaml"
+    rec.write_text(recipe)
+    code, out = invoke("validate", str(rec), "--model", str(model))
+    assert code == 0 and "pre-flight ok" in out, out  # the same model is fine at tp 1
+    code, out = invoke("validate", str(rec), "--model", str(model), "--tp", str(tp))
+    assert code == 2 and "Traceback" not in out
+    assert re.search(match, " ".join(out.split())), out
+
+
+def test_validate_tp_that_fits(tmp_path: Path) -> None:
+    model = _config_only_model(tmp_path / "m")
+    rec = tmp_path / "r.yaml"
+    rec.write_text(G128)
+    code, out = invoke("validate", str(rec), "--model", str(model), "--tp", "2")
+    assert code == 0 and "pre-flight ok" in out and "tp 2" in out, out
+    code, out = invoke("validate", str(rec), "--model", str(model), "--tp", "0")
+    assert code == 2 and "--tp" in out
+
+
+def test_run_tp_is_checked_before_calibration(tmp_path: Path) -> None:
+    model = _config_only_model(tmp_path / "m", intermediate_size=1280)
+    rec = tmp_path / "r.yaml"
+    rec.write_text(G128)
+    out_dir = tmp_path / "run"
+    code, out = invoke("run", str(rec), "--model", str(model), "--tp", "4",
+                       "--out", str(out_dir), "--device", "cpu")
+    assert code == 2 and "--tp 4: model.layers.0.mlp.down_proj" in " ".join(out.split()), out
+    assert not (out_dir / "calibrate").exists()  # nothing calibrated

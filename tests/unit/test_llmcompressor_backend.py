@@ -63,3 +63,23 @@ def test_data_free_recipes_skip_calibration() -> None:
     assert not load_recipe("rtn-int4").needs_calibration
     for name in ("gptq-int4", "awq-int4", "w8a8-int8", "fp8-kv"):
         assert load_recipe(name).needs_calibration
+
+
+def test_batch_size_auto_batches_equal_windows_on_gpu_only() -> None:
+    from quantize.backends import resolve_batch_size
+
+    equal = [[1] * 16] * 20
+    assert resolve_batch_size("auto", "cuda", equal) == 8
+    assert resolve_batch_size("auto", "cpu", equal) == 1
+    assert resolve_batch_size("auto", "cuda", [[1] * 16, [1] * 9]) == 1
+    assert resolve_batch_size("auto", "cuda", []) == 1
+    assert resolve_batch_size(4, "cpu", equal) == 4
+    assert resolve_batch_size(64, "cpu", equal[:3]) == 3
+
+
+def test_batch_size_over_one_refuses_unequal_samples() -> None:
+    from quantize.backends import resolve_batch_size
+    from quantize.errors import RecipeError
+
+    with pytest.raises(RecipeError, match="equal-length calibration samples"):
+        resolve_batch_size(8, "cuda", [[1] * 16, [1] * 9])

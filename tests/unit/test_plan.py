@@ -446,7 +446,7 @@ def _proxy(recipe: Recipe) -> dict:  # type: ignore[type-arg]
     """The same on-disk format without a slow method: size depends on scheme, group, targets,
     ignore and kv_cache, not on GPTQ/AWQ/SmoothQuant."""
     data = recipe.model_dump(mode="json", exclude={"gptq", "awq", "smoothquant", "eval"})
-    data.update(name=f"proxy-{recipe.name}", method="rtn",
+    data.update(name=f"proxy-{recipe.name}", method="rtn", backend="llmcompressor",
                 calibration={"builtin": "wiki", "num_samples": 2, "seq_len": 64})
     return data
 

@@ -166,3 +166,51 @@ def test_registry_is_read_from_the_vllm_env(monkeypatch: pytest.MonkeyPatch,
 def test_tp_must_be_positive() -> None:
     with pytest.raises(PreflightError, match=r"--tp 0"):
         preflight.check(recipe(), llama(), tp=0)
+
+
+# --- overrides: one group-size rule for pre-flight and the engine ---------------------------
+QKV = "re:.*(q|k|v)_proj$"
+
+
+def test_override_without_group_size_inherits_the_recipes() -> None:
+    """q/k/v take 576 inputs: the recipe's g64 divides them, the preset's 128 does not. The
+    engine quantizes such an override at g64; pre-flight used to check it at 128 and refuse."""
+    from quantize.backends.llmcompressor import config_groups
+
+    r = recipe(overrides=[Override(targets=[QKV], scheme="W8A16")])
+    assert preflight.check(r, llama())["group_size"] == 64
+    schemes = preflight.layer_schemes(preflight.meta_model(llama()), r, 64)
+    q = next(s for s in schemes if s.layer.name.endswith("layers.0.self_attn.q_proj"))
+    assert (q.scheme, q.group_size) == ("W8A16", 64)
+    assert config_groups(r, 64)["group_1"].weights.group_size == 64  # what the engine runs
+
+
+def test_override_group_size_rule() -> None:
+    ov = Override(targets=[QKV], scheme="W8A16")
+    assert preflight.override_group_size(ov, 64) == 64
+    assert preflight.override_group_size(ov.model_copy(update={"group_size": "auto"}), 32) == 32
+    assert preflight.override_group_size(ov.model_copy(update={"group_size": 16}), 64) == 16
+    assert preflight.override_group_size(ov, None) == 128  # compressed-tensors' preset
+    assert preflight.override_group_size(Override(targets=[QKV], scheme="W8A8"), 64) is None
+
+
+def test_override_inheriting_a_group_size_that_does_not_divide_is_refused() -> None:
+    # Per-channel recipe: a grouped override without group_size gets the preset's 128.
+    r = recipe(scheme="W8A8", group_size=None,
+               overrides=[Override(targets=[QKV], scheme="W4A16")])
+    with pytest.raises(PreflightError, match=r"override \['re:\.\*\(q\|k\|v\)_proj\$'\]: the "
+                                             r"recipe's group size, which it inherits \(128\) "
+                                             r"does not divide .*q_proj \(in_features 576\); "
+                                             r"give the override a group_size .*\(64, 32, 16\)"):
+        preflight.check(r, llama())
+    ok = r.model_copy(update={"overrides": [Override(targets=[QKV], scheme="W4A16",
+                                                     group_size=64)]})
+    assert preflight.check(ok, llama())["layers"] == 14
+
+
+def test_override_own_group_size_must_divide_its_layers() -> None:
+    r = recipe(overrides=[Override(targets=["re:.*down_proj$"], scheme="W8A16",
+                                   group_size=1024)])
+    with pytest.raises(PreflightError, match=r"its group_size \(1024\) does not divide .*"
+                                             r"down_proj \(in_features 1536\)"):
+        preflight.check(r, llama())

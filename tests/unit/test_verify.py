@@ -66,8 +66,9 @@ def test_formats_are_classified() -> None:
 
 
 def test_other_quant_methods_are_refused() -> None:
-    with pytest.raises(VerifyError, match=r"quant_method is 'gptq'"):
-        caps.checkpoint_format({"quantization_config": {"quant_method": "gptq"}})
+    # native gptq/awq (backend gptqmodel/autoawq) are handled: tests/unit/test_backend_engines.py
+    with pytest.raises(VerifyError, match=r"quant_method is 'bitsandbytes'"):
+        caps.checkpoint_format({"quantization_config": {"quant_method": "bitsandbytes"}})
 
 
 @pytest.mark.parametrize(("host", "cfg", "reason"), [
