@@ -40,11 +40,10 @@ from quantize.progress import info, step
 from quantize.recipe import (
     EvalSuite,
     Recipe,
-    apply_thresholds,
     canonical_hash,
     load_recipe,
-    load_suite,
     resolve,
+    suite_for,
 )
 from quantize.stages import STAGES
 from quantize.yamlio import read_text
@@ -158,16 +157,7 @@ class Pipeline:
 
     def suite(self) -> EvalSuite:
         """The eval suite: --suite, else the recipe's, with the recipe's tightened thresholds."""
-        name = self.opts.suite or self.recipe.eval.suite
-        suite = load_suite(name)
-        ref = self.recipe.eval
-        if self.opts.suite and self.opts.suite != ref.suite:
-            # another suite than the recipe's: its thresholds stand, and the recipe's apply
-            # only where they name the same metric and are stricter
-            current = {m.name: m.threshold for m in suite.metrics}
-            ref = ref.model_copy(update={"thresholds": {
-                k: v for k, v in ref.thresholds.items() if v > current.get(k, float("inf"))}})
-        return apply_thresholds(suite, ref)
+        return suite_for(self.recipe, self.opts.suite)
 
     def _record_header(self) -> None:
         self.manifest.update({

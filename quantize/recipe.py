@@ -395,3 +395,16 @@ def canonical_hash(obj: BaseModel | dict[str, Any]) -> str:
     data = obj.model_dump(mode="json") if isinstance(obj, BaseModel) else obj
     blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()
+
+
+def suite_for(recipe: Recipe, override: str | None) -> EvalSuite:
+    """The eval suite a run uses: `override` (--suite) or the recipe's, with the recipe's
+    tightened thresholds. Under another suite than the recipe's, that suite's thresholds
+    stand and the recipe's apply only where they name the same metric and are stricter."""
+    suite = load_suite(override or recipe.eval.suite)
+    ref = recipe.eval
+    if override and override != ref.suite:
+        current = {m.name: m.threshold for m in suite.metrics}
+        ref = ref.model_copy(update={"thresholds": {
+            k: v for k, v in ref.thresholds.items() if v > current.get(k, float("inf"))}})
+    return apply_thresholds(suite, ref)

@@ -114,10 +114,15 @@ _stage_command("export", "Everything up to the vLLM-loadable checkpoint in <run>
               show_default=True, help="what scores the suite (vllm: not built yet)")
 @click.option("--tp", "eval_tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="tensor-parallel size for --engine vllm")
+@click.option("--out", "out", type=click.Path(path_type=Path), default=None,
+              help="for a checkpoint folder: where eval/gate reports go (default: "
+                   "<checkpoint>-eval)")
 @handle_errors
-def eval_cmd(run_dir: Path, suite: str | None, rerun: bool, engine: str, eval_tp: int) -> None:
+def eval_cmd(run_dir: Path, suite: str | None, rerun: bool, engine: str, eval_tp: int,
+             out: Path | None) -> None:
     """Perplexity and accuracy of RUN_DIR's export vs its baseline, with recovery per metric
-    (runs the stages before it first if they are not finished)."""
+    (runs the stages before it first if they are not finished). RUN_DIR may also be an
+    export folder on its own: it is then evaluated and gated, reports in --out."""
     from quantize.errors import NotImplementedFeature, QuantizeError
 
     if engine == "vllm":
@@ -131,7 +136,23 @@ def eval_cmd(run_dir: Path, suite: str | None, rerun: bool, engine: str, eval_tp
     if eval_tp != 1:
         raise QuantizeError("--tp applies to --engine vllm only; transformers evaluates on "
                             "one device")
+    if (run_dir / "config.json").is_file():  # an export folder, not a run folder
+        _checkpoint_eval(run_dir, suite, out)
+        return
     _run_folder(run_dir, "eval", suite, ("eval",) if rerun else ())
+
+
+def _checkpoint_eval(folder: Path, suite: str | None, out: Path | None) -> None:
+    from quantize.errors import GateFailed
+    from quantize.pipeline import pick_device
+    from quantize.stages import eval as eval_stage
+
+    dest = out or folder.with_name(folder.name + "-eval")
+    s = eval_stage.checkpoint(folder, suite, dest, pick_device("auto"))
+    click.echo((dest / "gate.md").read_text())
+    click.echo(f"reports: {dest}")
+    if s["gate"]["verdict"] != "pass":
+        raise GateFailed(f"gate failed: {', '.join(s['gate']['failures'])}; see {dest}/gate.md")
 
 
 @main.command("gate")

@@ -207,3 +207,41 @@ def plan(pipe: Pipeline) -> tuple[dict[str, Any], Any]:
                    pipe.device, pipe.manifest["versions"], out)
 
     return inputs, execute
+
+
+def checkpoint(folder: Path, suite_name: str | None, out: Path, device: str) -> dict[str, Any]:
+    """Evaluate and gate an export folder on its own (`quantize eval CHECKPOINT`): its
+    manifest.json names the source model (the baseline) and recipe.yaml the suite and the
+    recipe's thresholds. Writes eval.json/eval.md and gate.json/gate.md into `out`."""
+    import json
+
+    from quantize.artifacts import atomic_dir
+    from quantize.models import model_fingerprint, resolve_model
+    from quantize.pipeline import versions
+    from quantize.recipe import load_recipe, suite_for
+    from quantize.stages import gate
+
+    manifest_file = folder / "manifest.json"
+    if not (folder / "config.json").is_file() or not manifest_file.is_file():
+        raise EvalError(f"{folder} is neither a run folder nor an export of one (no "
+                        "config.json + manifest.json); give runs/<model>-<recipe> or its export/")
+    manifest = json.loads(manifest_file.read_text())
+    model = resolve_model(manifest["model"]["source"])
+    fingerprint = model_fingerprint(model)
+    if fingerprint != manifest["model"]["fingerprint"]:
+        raise EvalError(f"the baseline model {manifest['model']['source']} changed since this "
+                        "checkpoint was made (fingerprint differs); evaluate against the model it "
+                        "came from")
+    # the export keeps the recipe as `recipe.yaml`; the loader wants file name == recipe name
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        named = Path(d) / f"{manifest['recipe']['name']}.yaml"
+        named.write_text((folder / "recipe.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+        recipe = load_recipe(str(named))
+    suite = suite_for(recipe, suite_name)
+    with atomic_dir(out) as tmp:
+        result = run(folder, model.path, fingerprint, suite, device, versions(), tmp)
+        ev = json.loads((tmp / "eval.json").read_text())
+        verdict = gate.run(ev, tmp)
+    return {**result, "gate": verdict}

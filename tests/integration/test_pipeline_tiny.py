@@ -163,3 +163,15 @@ def test_gate_passes_and_fails_with_exit_codes_and_report(
     assert gate["failures"] == ["wiki_ppl"]
     assert "| wiki_ppl |" in (out / "gate" / "gate.md").read_text()
     assert json.loads((out / "manifest.json").read_text())["releasable"] is False
+    # the export folder alone (what a user downloads) is evaluated and gated the same way
+    alone = CliRunner().invoke(main, ["eval", str(out / "export"), "--suite",
+                                      str(_suite(tmp_path, 0.5)), "--out",
+                                      str(tmp_path / "ck")])
+    assert alone.exit_code == 0, alone.output
+    ck = json.loads((tmp_path / "ck" / "eval.json").read_text())
+    assert ck["metrics"][0]["candidate"] == ev["metrics"][0]["candidate"]
+    assert json.loads((tmp_path / "ck" / "gate.json").read_text())["verdict"] == "pass"
+    worse = CliRunner().invoke(main, ["eval", str(out / "export"), "--suite",
+                                      str(_suite(tmp_path, 1.5)), "--out",
+                                      str(tmp_path / "ck2")])
+    assert worse.exit_code == GateFailed.exit_code and "gate failed: wiki_ppl" in worse.output
