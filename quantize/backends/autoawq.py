@@ -1,0 +1,117 @@
+"""AutoAWQ (legacy): AWQ written as a native AWQ GEMM checkpoint (`quant_method: awq`,
+zero points), which vLLM loads with Marlin on a GPU and CPUWNA16 on a CPU.
+
+AutoAWQ is archived upstream (its authors point to llm-compressor) and was last tested by
+them on torch 2.6 / transformers 4.51. Here it runs on transformers 5.17 only for the model
+types checked end to end on this pin (VERIFIED_MODEL_TYPES, see docs/engines.md); any other
+model type is refused with a clear error rather than attempted. Installed by the optional
+extra `.[autoawq]` (which also brings GPTQModel: transformers loads AWQ checkpoints through
+it for evaluation)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+from quantize.backends import QuantizeJob
+from quantize.backends._native import (
+    check_job,
+    engine_output,
+    finish,
+    quiet_imports,
+    require_packed_samples,
+    source_dtype,
+)
+from quantize.errors import NotImplementedFeature, QuantizationError, first_line
+from quantize.recipe import SCHEMES, AWQOptions, Recipe
+
+for _mod in ("awq", "gptqmodel", "optimum"):
+    if importlib.util.find_spec(_mod) is None:
+        raise ModuleNotFoundError(f"No module named {_mod!r}", name=_mod)
+
+# Model types AutoAWQ 0.2.9 was run with here on transformers 5.17: a small random model of
+# each type quantized, reloaded in transformers and within INT4 error of the original
+# (docs/engines.md); llama also end to end on the real default model and in vLLM, and in
+# tests/integration/test_engines.py.
+VERIFIED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3")
+
+
+def check_model(config: dict[str, Any]) -> None:
+    """Refuse model types AutoAWQ was not verified with on the pinned transformers."""
+    mt = config.get("model_type")
+    if mt not in VERIFIED_MODEL_TYPES:
+        raise NotImplementedFeature(
+            f"backend autoawq (archived upstream, tested by its authors only up to "
+            f"transformers 4.51) is verified here with transformers "
+            f"{importlib.metadata.version('transformers')} for model_type "
+            f"{', '.join(VERIFIED_MODEL_TYPES)} only, not {mt!r}; use backend: gptqmodel or "
+            "llmcompressor")
+
+
+def quant_config(recipe: Recipe, group_size: int | None) -> dict[str, Any]:
+    info = SCHEMES[recipe.scheme]  # W4A16_ASYM: the recipe validator allows nothing else
+    return {"zero_point": not info.symmetric, "q_group_size": group_size or -1,
+            "w_bit": info.weight_bits, "version": "GEMM"}
+
+
+def _load_awq() -> Any:
+    # AutoAWQ warns on import that it is deprecated: docs/engines.md says so once.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from awq import AutoAWQForCausalLM
+    return AutoAWQForCausalLM
+
+
+class AutoAWQBackend:
+    name = "autoawq"
+
+    def check_model(self, config: dict[str, Any]) -> None:
+        check_model(config)
+
+    def quantize(self, job: QuantizeJob, out: Path) -> dict[str, Any]:
+        import torch
+
+        check_job(job, self.name)
+        quiet_imports()
+        check_model(json.loads((job.model_path / "config.json").read_text()))
+        require_packed_samples(job.samples, self.name)
+        logs = out.parent / "logs"
+        log = logs / "autoawq.log"
+        src = source_dtype(job.model_path)
+        # fp32 on CPU as with llm-compressor; on a GPU the checkpoint's 16-bit dtype
+        dtype = torch.float32 if job.device == "cpu" else src
+        opts = job.recipe.awq or AWQOptions()
+        seq_len = max(len(s) for s in job.samples)
+        try:
+            with engine_output(log):
+                from transformers import AutoTokenizer
+
+                awq_cls = _load_awq()
+                # loaded in host memory: AutoAWQ moves one decoder layer at a time to the GPU
+                model = awq_cls.from_pretrained(
+                    str(job.model_path), torch_dtype=dtype, device_map=None,
+                    trust_remote_code=job.recipe.trust_remote_code, safetensors=True)
+                tok = AutoTokenizer.from_pretrained(job.model_path)
+                # token ids: AutoAWQ concatenates them and cuts seq_len windows, which for
+                # packed samples are exactly the calibration stage's windows
+                model.quantize(tok, quant_config=quant_config(job.recipe, job.group_size),
+                               calib_data=job.samples, max_calib_samples=len(job.samples),
+                               max_calib_seq_len=seq_len, duo_scaling=bool(opts.duo_scaling))
+                model.model.to(src)
+                model.save_quantized(str(out), safetensors=True)
+        except (ValueError, RuntimeError, TypeError, NotImplementedError, KeyError,
+                AttributeError, OSError) as exc:
+            raise QuantizationError(f"autoawq failed: {first_line(exc)} (full log: {log})") \
+                from exc
+        qc = finish(out, job.model_path, logs, src)
+        return {"engine": "autoawq", "engine_version": importlib.metadata.version("autoawq"),
+                "quant_method": qc.get("quant_method"), "format": qc.get("version"),
+                "calibration_dtype": str(dtype).split(".")[-1],
+                "export_dtype": str(src).split(".")[-1]}
+
+
+BACKEND = AutoAWQBackend()

@@ -1,0 +1,325 @@
+"""The native-format engines (backend: gptqmodel / autoawq) without running them: what recipes
+may ask of each, the errors when an extra is missing, the model types AutoAWQ refuses, how
+verify reads native checkpoints, and our decode of the GPTQ and AWQ GEMM layouts against
+packers written here from the engines' packing code."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quantize import capabilities as caps
+from quantize.errors import BackendUnavailable, NotImplementedFeature, RecipeError
+from quantize.recipe import ENGINE_SCHEMES, load_recipe
+
+BASE = """\
+name: x
+description: test recipe
+backend: {backend}
+method: {method}
+scheme: {scheme}
+"""
+
+
+def recipe(recipe_file: Any, extra: str = "", **fields: str) -> Any:
+    values = {"backend": "gptqmodel", "method": "gptq", "scheme": "W4A16", **fields}
+    return load_recipe(str(recipe_file(BASE.format(**values) + extra)))
+
+
+@pytest.mark.parametrize(("fields", "extra", "message"), [
+    ({"method": "rtn"}, "", r"backend gptqmodel runs method gptq/awq only, not rtn; change "
+                            r"the method or set backend: llmcompressor"),
+    ({"backend": "autoawq"}, "", r"backend autoawq runs method awq only, not gptq"),
+    ({"scheme": "W4A16_ASYM"}, "", r"vLLM loads native GPTQ only symmetric with 4 or 8 bits; "
+                                   r"use scheme W4A16 or W8A16 for method gptq"),
+    ({"method": "awq"}, "", r"AWQ Marlin kernel needs 4-bit weights with zero points; use "
+                            r"scheme W4A16_ASYM"),
+    ({"backend": "autoawq", "method": "awq"}, "", r"backend autoawq: .* use scheme W4A16_ASYM"),
+    ({"scheme": "W8A8"}, "", r"use scheme W4A16 or W8A16 for method gptq or set backend: "
+                             r"llmcompressor"),
+    ({"scheme": "W3A16"}, "", r"vLLM loads native GPTQ only symmetric with 4 or 8 bits"),
+    ({"method": "rtn", "scheme": "FP8_DYNAMIC"}, "", r"runs method gptq/awq only, not rtn"),
+    ({}, "overrides:\n  - targets: ['re:.*down_proj']\n    scheme: W8A16\n",
+     r"`overrides` is supported on backend llmcompressor only"),
+    ({"scheme": "W4A16"}, "kv_cache: fp8\n", r"`kv_cache` is supported on backend llmcompressor"),
+    ({}, "ignore: [lm_head, 're:.*down_proj']\n",
+     r"quantizes every Linear of the decoder layers and never lm_head; use targets: \[Linear\] "
+     r"and ignore: \[lm_head\]"),
+    ({}, "gptq:\n  block_size: 64\n", r"GPTQ block size is fixed at 128"),
+    ({"method": "awq", "scheme": "W4A16_ASYM"}, "awq:\n  n_grid: 10\n", r"fixed grid of 20"),
+    ({"method": "awq", "scheme": "W4A16_ASYM"}, "awq:\n  duo_scaling: false\n",
+     r"gptqmodel's AWQ always uses duo scaling"),
+    ({"backend": "autoawq", "method": "awq", "scheme": "W4A16_ASYM"},
+     "awq:\n  duo_scaling: both\n", r"autoawq cannot search both scalings"),
+])
+def test_recipes_ask_only_what_the_engine_does(recipe_file: Any, fields: dict[str, str],
+                                               extra: str, message: str) -> None:
+    with pytest.raises(RecipeError, match=message):
+        recipe(recipe_file, extra, **fields)
+
+
+def test_unknown_backend_names_the_known_ones(recipe_file: Any) -> None:
+    with pytest.raises(RecipeError, match=r"backend.*'llmcompressor', 'gptqmodel' or 'autoawq'"):
+        recipe(recipe_file, backend="vllm")
+
+
+@pytest.mark.parametrize(("backend", "method", "scheme"), [
+    (b, m, s) for b, methods in ENGINE_SCHEMES.items() for m, schemes in methods.items()
+    for s in schemes])
+def test_every_supported_combination_validates(recipe_file: Any, backend: str, method: str,
+                                               scheme: str) -> None:
+    r = recipe(recipe_file, backend=backend, method=method, scheme=scheme)
+    assert (r.backend, r.method, r.scheme) == (backend, method, scheme)
+
+
+def test_shipped_engine_recipes_match_their_llmcompressor_twins() -> None:
+    """Same scheme, group, calibration, suite, ignore: the engines compare on equal terms."""
+    for name, twin in (("gptq-int4-gptqmodel", "gptq-int4"), ("awq-int4-gptqmodel", "awq-int4"),
+                       ("awq-int4-autoawq", "awq-int4")):
+        r, t = load_recipe(name), load_recipe(twin)
+        assert r.backend != "llmcompressor" and t.backend == "llmcompressor"
+        keys = ("method", "scheme", "group_size", "calibration", "eval", "ignore", "targets")
+        assert {k: getattr(r, k) for k in keys} == {k: getattr(t, k) for k in keys}
+
+
+# --- a missing extra ------------------------------------------------------------------------
+@pytest.mark.parametrize(("backend", "missing"), [
+    ("gptqmodel", "gptqmodel"), ("gptqmodel", "optimum"), ("autoawq", "awq")])
+def test_missing_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch,
+                                                 backend: str, missing: str) -> None:
+    from quantize.backends import get_backend
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == missing else real(name, *a))
+    monkeypatch.delitem(sys.modules, f"quantize.backends.{backend}", raising=False)
+    with pytest.raises(BackendUnavailable, match=(
+            rf"backend '{backend}' is not installed \({missing}\); install it with "
+            rf"`pip install -e \.\[{backend}\]`")):
+        get_backend(backend)
+
+
+def test_missing_extra_fails_preflight_before_calibration(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantize import preflight
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gptqmodel" else real(name, *a))
+    monkeypatch.delitem(sys.modules, "quantize.backends.gptqmodel", raising=False)
+    with pytest.raises(BackendUnavailable, match=r"pip install -e \.\[gptqmodel\]"):
+        preflight.check_engine(load_recipe("gptq-int4-gptqmodel"), {"model_type": "llama"})
+
+
+def test_loading_a_native_checkpoint_without_the_extra_says_what_to_install(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantize.backends._native import require_loader
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "optimum" else real(name, *a))
+    with pytest.raises(BackendUnavailable, match=(
+            r"loading a native gptq checkpoint in transformers needs optimum; install with "
+            r"`pip install -e \.\[gptqmodel\]`")):
+        require_loader("gptq")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("awq") is None,
+                    reason="the autoawq extra is not installed (pip install -e .[autoawq])")
+def test_autoawq_refuses_model_types_not_verified_on_this_transformers() -> None:
+    from quantize.backends.autoawq import VERIFIED_MODEL_TYPES, check_model
+
+    check_model({"model_type": "llama"})
+    with pytest.raises(NotImplementedFeature, match=(
+            r"backend autoawq \(archived upstream, tested by its authors only up to "
+            r"transformers 4\.51\) is verified here with transformers 5\.[\d.]+ for model_type "
+            r"llama, .* only, not 'gpt2'; use backend: gptqmodel or llmcompressor")):
+        check_model({"model_type": "gpt2"})
+    assert "llama" in VERIFIED_MODEL_TYPES
+
+
+def test_autoawq_refuses_unpacked_calibration_samples() -> None:
+    from quantize.backends._native import require_packed_samples
+
+    require_packed_samples([[1, 2, 3], [4, 5, 6]], "autoawq")
+    with pytest.raises(NotImplementedFeature, match=r"use a calibration spec with packing: "
+                                                    r"true"):
+        require_packed_samples([[1, 2, 3], [4, 5]], "autoawq")
+
+
+# --- verify: native formats -----------------------------------------------------------------
+GPTQ_QC = {"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": True, "desc_act": False,
+           "checkpoint_format": "gptq", "format": "gptq"}
+AWQ_QC = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
+          "version": "gemm", "format": "gemm"}
+AVX512 = caps.Host("/x/python", "0.32.0", "cpu", {"avx512": True}, {"cpu_gemm_wna16": True})
+AVX2 = caps.Host("/x/python", "0.32.0", "cpu", {"avx2": True}, {})
+
+
+@pytest.mark.parametrize(("qc", "label"), [
+    (GPTQ_QC, "native GPTQ INT4 weight-only (group 64)"),
+    (AWQ_QC, "native AWQ INT4 asymmetric weight-only (group 64)"),
+    ({**GPTQ_QC, "bits": 8, "group_size": -1}, "native GPTQ INT8 weight-only (channel)"),
+    # AutoAWQ's keys
+    ({"quant_method": "awq", "w_bit": 4, "q_group_size": 128, "zero_point": True,
+      "version": "gemm"}, "native AWQ INT4 asymmetric weight-only (group 128)"),
+])
+def test_native_checkpoint_formats(qc: dict[str, Any], label: str) -> None:
+    assert caps.checkpoint_format({"quantization_config": qc}).label == label
+
+
+@pytest.mark.parametrize(("host", "qc", "reason"), [
+    (AVX512, {**GPTQ_QC, "sym": False}, r"vLLM loads native GPTQ only symmetric with 4 or 8"),
+    (AVX512, {**GPTQ_QC, "bits": 3}, r"vLLM loads native GPTQ only symmetric with 4 or 8"),
+    (AVX512, {**AWQ_QC, "bits": 8}, r"vLLM loads native AWQ only with 4 bits"),
+    (AVX512, {**GPTQ_QC, "bits": 8}, r"CPU kernel takes 4-bit integer weights only"),
+    (AVX2, GPTQ_QC, r"needs AVX-512 or a GPU \(the CPU build lacks cpu_gemm_wna16\)"),
+])
+def test_native_formats_vllm_refuses(host: caps.Host, qc: dict[str, Any], reason: str) -> None:
+    fmt = caps.checkpoint_format({"quantization_config": qc})
+    support = caps.supported(fmt, host)
+    assert not support.ok
+    assert re.search(reason, support.reason), support.reason
+
+
+@pytest.mark.parametrize("qc", [GPTQ_QC, AWQ_QC])
+def test_native_4bit_runs_on_an_avx512_cpu(qc: dict[str, Any]) -> None:
+    assert caps.supported(caps.checkpoint_format({"quantization_config": qc}), AVX512).ok
+
+
+# Packers written from the engines' own packing code (not from our decoder), for a known
+# integer matrix: GPTQ packs 32/bits input rows per int32 word in standard bit order and v1
+# stores zero points minus one (gptqmodel/nn_modules/qlinear PackableQuantLinear.pack);
+# AWQ GEMM packs 8 output columns per word in the order 0,2,4,6,1,3,5,7
+# (awq/modules/linear/gemm.py WQLinear_GEMM.from_linear).
+def _pack_gptq(q: Any, zeros: Any) -> tuple[Any, Any]:
+    import numpy as np
+
+    q, zeros = q.numpy().astype(np.int64), zeros.numpy().astype(np.int64)  # [in,out], [g,out]
+    qweight = np.zeros((q.shape[0] // 8, q.shape[1]), dtype=np.int64)
+    for row in range(qweight.shape[0]):
+        for j in range(8):
+            qweight[row] |= q[row * 8 + j] << (4 * j)
+    z = zeros - 1
+    qzeros = np.zeros((z.shape[0], z.shape[1] // 8), dtype=np.int64)
+    for col in range(qzeros.shape[1]):
+        for j in range(8):
+            qzeros[:, col] |= (z[:, col * 8 + j] & 0xF) << (4 * j)
+    return _i32(qweight), _i32(qzeros)
+
+
+def _pack_awq(q: Any, zeros: Any, order_map: tuple[int, ...] = (0, 2, 4, 6, 1, 3, 5, 7)
+              ) -> tuple[Any, Any]:
+    import numpy as np
+
+
+    def pack(x: Any) -> Any:
+        out = np.zeros((x.shape[0], x.shape[1] // 8), dtype=np.int64)
+        for col in range(out.shape[1]):
+            for i in range(8):
+                out[:, col] |= x[:, col * 8 + order_map[i]] << (i * 4)
+        return out
+
+    return _i32(pack(q.numpy().astype(np.int64))), _i32(pack(zeros.numpy().astype(np.int64)))
+
+
+def _i32(a: Any) -> Any:
+    import numpy as np
+    import torch
+
+    return torch.from_numpy((a & 0xFFFFFFFF).astype(np.uint32).view(np.int32))
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_native_decode_reads_the_engines_layouts(method: str) -> None:
+    import torch
+
+    from quantize.stages import verify as V
+
+    torch.manual_seed(0)
+    in_f, out_f, gs = 128, 64, 32
+    q = torch.randint(0, 16, (in_f, out_f))
+    zeros = torch.randint(1, 16, (in_f // gs, out_f)) if method == "awq" else \
+        torch.full((in_f // gs, out_f), 8)
+    scales = torch.rand(in_f // gs, out_f, dtype=torch.float16) + 0.01
+    expected = ((q - zeros.repeat_interleave(gs, 0)) * scales.float().repeat_interleave(gs, 0)).T
+    qc = GPTQ_QC if method == "gptq" else AWQ_QC
+    qweight, qzeros = (_pack_gptq if method == "gptq" else _pack_awq)(q, zeros)
+    got = V.decode_native({"qweight": qweight, "qzeros": qzeros, "scales": scales},
+                          V.native_args({**qc, "group_size": gs}))
+    assert got.shape == (out_f, in_f)
+    assert torch.equal(got, expected.float())
+    # a misread layout is caught: the AWQ order read as GPTQ's standard order, or v1 zero
+    # points read without their offset
+    if method == "awq":
+        wrong = _pack_awq(q, zeros, order_map=tuple(range(8)))[0]  # standard bit order
+        bad = V.decode_native({"qweight": wrong, "qzeros": qzeros, "scales": scales},
+                              V.native_args({**qc, "group_size": gs}))
+    else:
+        bad = V.decode_native({"qweight": qweight, "qzeros": qzeros, "scales": scales},
+                              V.native_args({**qc, "group_size": gs, "checkpoint_format":
+                                             "gptq_v2"}))
+    assert not torch.allclose(bad, expected.float())
+
+
+def test_native_formats_verify_does_not_decode_are_refused() -> None:
+    from quantize.errors import VerifyError
+    from quantize.stages import verify as V
+
+    with pytest.raises(VerifyError, match=r"native GPTQ checkpoint_format 'gptq_p'"):
+        V.native_args({**GPTQ_QC, "checkpoint_format": "gptq_p"})
+    with pytest.raises(VerifyError, match=r"native AWQ 'gemv' 4-bit has no reference decode"):
+        V.native_args({**AWQ_QC, "version": "gemv", "format": "gemv"})
+
+
+def test_effective_weight_of_a_kernel_module_is_its_action_on_the_identity() -> None:
+    import torch
+
+    from quantize.stages import verify as V
+
+    class Kernel(torch.nn.Module):  # a quantized-kernel stand-in: no float `weight`
+        in_features = 16
+
+        def __init__(self, w: torch.Tensor, b: torch.Tensor) -> None:
+            super().__init__()
+            self.w, self.bias = w, b
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.w.T + self.bias
+
+    w, b = torch.randn(8, 16), torch.randn(8)
+    assert torch.allclose(V.effective_weight(Kernel(w, b)), w, atol=1e-6)
+    lin = torch.nn.Linear(16, 8)
+    assert torch.equal(V.effective_weight(lin), lin.weight.detach())
+
+
+def test_source_dtype_is_sixteen_bit(tmp_path: Path) -> None:
+    import json
+
+    import torch
+
+    from quantize.backends._native import source_dtype
+
+    for name, want in (("float16", torch.float16), ("bfloat16", torch.bfloat16),
+                       ("float32", torch.bfloat16)):
+        (tmp_path / "config.json").write_text(json.dumps({"dtype": name}))
+        assert source_dtype(tmp_path) == want
+
+
+def test_native_engines_refuse_what_they_do_not_do_here() -> None:
+    from quantize.backends import QuantizeJob
+    from quantize.backends._native import check_job
+
+    r = load_recipe("gptq-int4-gptqmodel")
+    check_job(QuantizeJob(Path("m"), r, 64, [[1, 2]], "cpu"), "gptqmodel")
+    with pytest.raises(NotImplementedFeature, match=r"backend gptqmodel runs in one process "
+                                                    r"here; drop --gpus 2"):
+        check_job(QuantizeJob(Path("m"), r, 64, [[1, 2]], "cuda", world_size=2), "gptqmodel")
+    with pytest.raises(NotImplementedFeature, match=r"does not fit in host RAM and backend "
+                                                    r"autoawq keeps it there"):
+        check_job(QuantizeJob(Path("m"), r, 64, [[1, 2]], "cpu", host_tier="disk"), "autoawq")
