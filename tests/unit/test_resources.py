@@ -1,0 +1,167 @@
+"""Memory checks before the quantize stage loads a model: host RAM and GPU memory estimated
+from the meta model pre-flight built, compared with fake free-memory values (no GPU needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quantize import preflight, resources
+from quantize.recipe import load_recipe
+from quantize.resources import GiB, ResourceError, check_memory
+
+CONFIGS = Path(__file__).resolve().parents[2] / "quantize" / "data" / "model_configs"
+SMALL = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 1000}
+WINDOWS = [[0] * 2048] * 32  # the bench's 32 x 2048 calibration tokens
+
+
+@pytest.fixture(scope="module")
+def llama8b() -> tuple[dict[str, Any], Any]:
+    cfg = json.loads((CONFIGS / "meta-llama--Llama-3.1-8B-Instruct.json").read_text())
+    cfg.pop("quantization_config", None)
+    return cfg, preflight.meta_model(cfg)
+
+
+def _free(monkeypatch: pytest.MonkeyPatch, *, host: float = 1e6, gpu: float | None = None
+          ) -> None:
+    monkeypatch.setattr(resources, "host_free_bytes", lambda: int(host * GiB))
+
+    def no_gpu() -> int:
+        raise AssertionError("the GPU must not be asked about on --device cpu")
+
+    monkeypatch.setattr(resources, "gpu_free_bytes",
+                        no_gpu if gpu is None else (lambda: int(gpu * GiB)))
+
+
+def test_host_ram_refused_with_needed_free_and_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    meta = preflight.meta_model(SMALL)
+    r = load_recipe("gptq-int4")
+    _free(monkeypatch)
+    facts = check_memory(meta, r, SMALL, "cpu", [], 1)
+    assert 0 < facts["host_ram_needed_gib"] < facts["host_ram_free_gib"]
+    assert "gpu_placement" not in facts
+    _free(monkeypatch, host=0.001)
+    with pytest.raises(ResourceError, match=r"needs about .* GiB of host RAM and 0\.0 GiB is "
+                                            r"free; .*--device cuda"):
+        check_memory(meta, r, SMALL, "cpu", [], 1)
+
+
+def test_the_meta_model_is_passed_in_not_rebuilt(monkeypatch: pytest.MonkeyPatch) -> None:
+    meta = preflight.meta_model(SMALL)
+
+    def rebuilt(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("resources rebuilt the meta model")
+
+    monkeypatch.setattr(preflight, "meta_model", rebuilt)
+    _free(monkeypatch)
+    size = resources.model_size(meta, load_recipe("gptq-int4"))
+    assert size.params == sum(p.numel() for p in meta.parameters())
+    check_memory(meta, load_recipe("gptq-int4"), SMALL, "cpu", [], 1)
+
+
+def test_estimate_matches_the_measured_8b_rows(llama8b: tuple[dict[str, Any], Any]) -> None:
+    """bench/RESULTS.md section 3, H200, Llama-3.1-8B architecture, GPTQ 32 x 2048 tokens:
+    allocated peak 19.4 GiB (resident, batch 1), 27.9 (batch 8), 4.5 (loaded on the host)."""
+    cfg, meta = llama8b
+    r = load_recipe("gptq-int4")
+    size = resources.model_size(meta, r)
+    assert size.params == 8_030_261_248 and size.widest_out == 14336
+    b1 = resources.estimate_gpu(size, r, cfg, WINDOWS, 1)
+    b8 = resources.estimate_gpu(size, r, cfg, WINDOWS, 8)
+    for est, placement, measured in ((b1, "resident", 19.4), (b8, "resident", 27.88),
+                                     (b1, "onload", 4.54)):
+        got = est.allocated(placement) / GiB
+        assert measured * 0.95 <= got <= measured * 1.3, (placement, got, measured)
+    assert b1.need("onload+offload") < b1.need("onload") < b1.need("resident")
+
+
+@pytest.mark.parametrize(("free", "placement"), [(40, "resident"), (10, "onload"),
+                                                 (6.5, "onload+offload")])
+def test_gpu_placement_is_the_cheapest_that_fits(
+        monkeypatch: pytest.MonkeyPatch, llama8b: tuple[dict[str, Any], Any], free: float,
+        placement: str, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg, meta = llama8b
+    _free(monkeypatch, gpu=free)
+    facts = check_memory(meta, load_recipe("gptq-int4"), cfg, "cuda", WINDOWS, 1)
+    assert facts["gpu_placement"] == placement
+    assert facts["gpu_free_gib"] == free and facts["gpu_needed_gib"] <= free
+    err = capsys.readouterr().err
+    if placement != "resident":
+        assert "sequential onloading" in err and f"{free:.1f} GiB is free" in err
+
+
+def test_gpu_refused_with_needed_free_and_each_fix(monkeypatch: pytest.MonkeyPatch,
+                                                   llama8b: tuple[dict[str, Any], Any]) -> None:
+    cfg, meta = llama8b
+    r = load_recipe("gptq-int4")
+    _free(monkeypatch, gpu=4.0)
+    with pytest.raises(ResourceError) as err:
+        check_memory(meta, r, cfg, "cuda", WINDOWS, 8)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "even with sequential onloading and activations offloaded" in msg
+    assert "and 4.0 GiB is free" in msg and "needs about 15.4 GiB of GPU memory" in msg
+    assert "set `batch_size: 1` in the recipe (the calibration batch of 8" in msg
+    assert "a shorter seq_len than 2048" in msg and "--device cpu (about 74.8 GiB" in msg
+    # batch 1 fits where batch 8 did not: the fix the message names works
+    _free(monkeypatch, gpu=7.0)
+    assert check_memory(meta, r, cfg, "cuda", WINDOWS, 1)["gpu_placement"] == "onload+offload"
+
+
+def test_data_free_recipes_need_no_activation_memory(
+        llama8b: tuple[dict[str, Any], Any]) -> None:
+    cfg, meta = llama8b
+    r = load_recipe("rtn-int4")
+    est = resources.estimate_gpu(resources.model_size(meta, r), r, cfg, [], 1)
+    assert est.activations == 0 and est.forward == 0
+    gptq = load_recipe("gptq-int4")
+    assert est.working < resources.estimate_gpu(
+        resources.model_size(meta, gptq), gptq, cfg, WINDOWS, 1).working  # no Hessians
+
+
+def test_backend_applies_the_placement(monkeypatch: pytest.MonkeyPatch,
+                                       tmp_path: Path) -> None:
+    """The engine loads an onloaded model on the host (device_map=None) and offloads
+    activations only when told to."""
+    import llmcompressor
+    import transformers
+
+    from quantize.backends import QuantizeJob
+    from quantize.backends.llmcompressor import BACKEND
+
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "bfloat16"}))
+    seen: dict[str, Any] = {}
+
+    class Stop(Exception):
+        pass
+
+    def load(*_a: Any, **kw: Any) -> object:
+        seen["device_map"] = kw.get("device_map")
+        return object()
+
+    def oneshot(**kw: Any) -> None:
+        seen["offload"] = kw.get("sequential_offload_device")
+        raise Stop
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: None)
+    monkeypatch.setattr(llmcompressor, "oneshot", oneshot)
+    import torch
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32  # the GPU path sets it; restore it after
+    r = load_recipe("gptq-int4")
+    try:
+        for placement, device_map, offload in (("resident", "cuda", "cuda"),
+                                               ("onload", None, "cuda"),
+                                               ("onload+offload", None, "cpu")):
+            job = QuantizeJob(tmp_path, r, 64, [[1, 2, 3]], "cuda", placement=placement)
+            with pytest.raises(Stop):
+                BACKEND.quantize(job, tmp_path / "out")
+            assert (seen["device_map"], seen["offload"]) == (device_map, offload), placement
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
