@@ -35,26 +35,51 @@ MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 
 
-# sha256 of files this process already read, keyed by (device, inode, size, mtime): a rename
-# keeps the key, any write changes it. Measured on an 8B export (bench/RESULTS.md): hashing
-# each checkpoint three times cost 16-25 s per run; now each file is read once.
-_HASHED: dict[tuple[int, int, int, int], str] = {}
+# sha256 of files this process already read, keyed by (device, inode, size, mtime, ctime): a
+# rename keeps the key, any write changes it. Measured on an 8B export (bench/RESULTS.md):
+# hashing each checkpoint three times cost 16-25 s per run; now each file is read once.
+# ctime is in the key because mtime alone can be copied (copystat, copytree) onto a new file
+# that reuses a deleted file's inode; ctime cannot be set. Files under _CACHE_MIN_BYTES are
+# always re-read: they cost nothing to hash, and a small file rewritten in place within one
+# timestamp tick (same size, same times) is the one case a stat key cannot tell apart.
+_HASHED: dict[tuple[int, ...], str] = {}
+_CACHE_MIN_BYTES = 1 << 20
+_RACY_NS = 50_000_000  # > the coarsest Linux file-time tick (10 ms at HZ=100)
 
 
-def _key(st: os.stat_result) -> tuple[int, int, int, int]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+def _key(st: os.stat_result) -> tuple[int, ...] | None:
+    if st.st_size < _CACHE_MIN_BYTES:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _remember(path: Path, digest: str) -> str:
+    key = _key(os.stat(path))
+    if key is not None:
+        _HASHED[key] = digest
+    return digest
+
+
+def _known(path: Path) -> str | None:
+    key = _key(os.stat(path))
+    return None if key is None else _HASHED.get(key)
 
 
 def sha256_file(path: Path) -> str:
-    key = _key(os.stat(path))
-    if key in _HASHED:
-        return _HASHED[key]
+    known = _known(path)
+    if known is not None:
+        return known
+    started = time.time_ns()
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
-    _HASHED[key] = h.hexdigest()
-    return _HASHED[key]
+    st = os.stat(path)
+    if started - st.st_ctime_ns < _RACY_NS:
+        # changed within a timestamp tick of our read (git's "racy clean" case): a rewrite
+        # now could keep every stat field, so this hash is not remembered
+        return h.hexdigest()
+    return _remember(path, h.hexdigest())
 
 
 def copy_hashed(src: Path, dst: Path) -> str:
@@ -62,29 +87,31 @@ def copy_hashed(src: Path, dst: Path) -> str:
     quantize stage's outputs are hashed as the stage completes or is verified), the kernel
     copies it (sendfile, no user-space pass) and the hash carries over; otherwise copy and
     hash in the same pass (one read instead of two)."""
-    known = _HASHED.get(_key(os.stat(src)))
+    known = _known(src)
     if known is not None:
         shutil.copyfile(src, dst)
         shutil.copystat(src, dst)
-        _HASHED[_key(os.stat(dst))] = known
-        return known
+        return _remember(dst, known)
     h = hashlib.sha256()
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         while chunk := fin.read(_CHUNK):
             h.update(chunk)
             fout.write(chunk)
     shutil.copystat(src, dst)
-    _HASHED[_key(os.stat(dst))] = h.hexdigest()
-    return _HASHED[_key(os.stat(dst))]
+    return _remember(dst, h.hexdigest())
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
     """Hard-link `src` to `dst` (same inode, so its known hash carries over for free); copy
     when they are on different file systems or links are not allowed."""
+    known = _known(src)
     try:
         os.link(src, dst)
     except OSError:
         copy_hashed(src, dst)
+        return
+    if known is not None:  # a new link changes the inode's ctime, not its bytes
+        _remember(dst, known)
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -32,6 +32,28 @@ def quiet_imports() -> None:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*is deprecated.*", category=FutureWarning)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    keep_user_hf_cache()
+
+
+# tokenicer (a GPTQModel dependency) sets these at import when they are unset, HF_HOME to
+# /tmp/tokenicer_hf_home: this process's and every child's Hub cache would move to /tmp.
+_HF_CACHE_VARS = ("HF_HOME", "HF_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_MODULES_CACHE")
+
+
+def keep_user_hf_cache() -> None:
+    """Import tokenicer (once, before GPTQModel does) and put the user's cache variables back
+    as they were, so the Hub cache stays where the user keeps it."""
+    if "tokenicer" in sys.modules or importlib.util.find_spec("tokenicer") is None:
+        return
+    saved = {k: os.environ.get(k) for k in _HF_CACHE_VARS}
+    try:
+        importlib.import_module("tokenicer")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextlib.contextmanager

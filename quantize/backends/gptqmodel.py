@@ -18,6 +18,7 @@ from quantize.backends._native import (
     cpu_workers,
     engine_output,
     finish,
+    keep_user_hf_cache,
     quiet_imports,
     source_dtype,
 )
@@ -28,6 +29,7 @@ from quantize.recipe import SCHEMES, GPTQOptions, Recipe
 for _mod in ("gptqmodel", "optimum"):
     if importlib.util.find_spec(_mod) is None:
         raise ModuleNotFoundError(f"No module named {_mod!r}", name=_mod)
+keep_user_hf_cache()  # before anything imports gptqmodel
 
 # llm-compressor's activation orderings -> GPTQModel's (desc_act, act_group_aware). `static`
 # (and its alias `weight`) keeps groups contiguous without g_idx: GPTQModel's group-aware

@@ -204,7 +204,8 @@ def test_no_file_a_run_writes_holds_the_token(reference: Path) -> None:
 # --- publish ------------------------------------------------------------------------------
 def publish_env(hub: FakeHub, home: Path) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items()
-         if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+         if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE",
+                       "TRANSFORMERS_CACHE")}
     return e | {"HF_ENDPOINT": hub.url, "HF_TOKEN": FAKE_TOKEN, "HF_HOME": str(home),
                 "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 

@@ -6,7 +6,9 @@ packers written here from the engines' packing code."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -323,3 +325,34 @@ def test_native_engines_refuse_what_they_do_not_do_here() -> None:
     with pytest.raises(NotImplementedFeature, match=r"does not fit in host RAM and backend "
                                                     r"autoawq keeps it there"):
         check_job(QuantizeJob(Path("m"), r, 64, [[1, 2]], "cpu", host_tier="disk"), "autoawq")
+
+
+def test_gptqmodel_kernels_are_kept_on_their_fp32_dequantize_path() -> None:
+    import torch
+
+    from quantize.stages import verify as V
+
+    class Kernel(torch.nn.Module):  # GPTQModel's CPU kernels before their first forward
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear_mode = None
+            self.register_buffer("scales", torch.ones(2, 4, dtype=torch.float16))
+
+    model = torch.nn.Sequential(Kernel(), torch.nn.Linear(2, 2), Kernel())
+    assert V.unfuse_native_kernels(model) == 2
+    assert model[0].linear_mode == "train" and model[0].scales.dtype == torch.float32
+    assert V.unfuse_native_kernels(model) == 0  # already switched: nothing to do
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gptqmodel") is None, reason="gptqmodel not installed")
+def test_importing_the_gptqmodel_backend_leaves_the_hub_cache_where_the_user_keeps_it() -> None:
+    """tokenicer (a GPTQModel dependency) sets HF_HOME=/tmp/tokenicer_hf_home at import; a
+    publish or download later in the same process (or a child) would use it."""
+    code = ("import os\nimport quantize.backends.gptqmodel\nimport gptqmodel, tokenicer\n"
+            "print([k for k in ('HF_HOME', 'HF_HUB_CACHE', 'TRANSFORMERS_CACHE', "
+            "'HF_MODULES_CACHE') if k in os.environ])")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
