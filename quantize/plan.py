@@ -473,17 +473,16 @@ def recipe_layers(model: Any, recipe: Recipe, group: int | None) -> LayerPlan:
     """The recipe's per-layer formats, matched exactly as compressed-tensors matches them."""
     from compressed_tensors.utils import is_match
 
-    from quantize.preflight import targeted_layers
+    from quantize.preflight import override_group_size, targeted_layers
 
     actorder = recipe.gptq.actorder if recipe.gptq else None
     main = format_for(recipe.scheme, group, actorder)
     formats = {lay.name: main for lay in targeted_layers(model, recipe.targets, recipe.ignore)}
     for ov in recipe.overrides:
         sub = targeted_layers(model, ov.targets, recipe.ignore)
-        ov_group = ov.group_size if isinstance(ov.group_size, int) else group
+        ov_group = override_group_size(ov, group)  # the rule pre-flight and the engine use
         for lay in sub:
-            formats[lay.name] = format_for(ov.scheme, ov_group if SCHEMES[ov.scheme].group
-                                           else None, actorder)
+            formats[lay.name] = format_for(ov.scheme, ov_group, actorder)
     experts_fmt = None
     if "Linear" in recipe.targets:
         for name, module in model.named_modules():

@@ -24,6 +24,25 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
                     "added_tokens.json")
 
 
+# What the engines raise for a model, config or environment they cannot handle: reported as
+# one line that names the engine's full log (MemoryError and Ctrl-C pass through).
+ENGINE_ERRORS = (ValueError, RuntimeError, TypeError, NotImplementedError, KeyError,
+                 AttributeError, OSError)
+
+
+@contextlib.contextmanager
+def engine_run(engine: str, log: Path) -> Iterator[None]:
+    """The engine's console output into `log`, its failures into one QuantizationError."""
+    from quantize.errors import QuantizationError, first_line
+
+    try:
+        with engine_output(log):
+            yield
+    except ENGINE_ERRORS as exc:
+        raise QuantizationError(f"{engine} failed: {first_line(exc)} (full log: {log})") \
+            from exc
+
+
 def quiet_imports() -> None:
     """torchao (a GPTQModel dependency that transformers imports when present) logs missing
     CUDA libraries and torch logs enum deprecations on every import: noise, not problems."""

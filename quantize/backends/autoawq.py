@@ -20,13 +20,13 @@ from typing import Any
 from quantize.backends import QuantizeJob
 from quantize.backends._native import (
     check_job,
-    engine_output,
+    engine_run,
     finish,
     quiet_imports,
     require_packed_samples,
     source_dtype,
 )
-from quantize.errors import NotImplementedFeature, QuantizationError, first_line
+from quantize.errors import NotImplementedFeature
 from quantize.recipe import SCHEMES, AWQOptions, Recipe
 
 for _mod in ("awq", "gptqmodel", "optimum"):
@@ -86,27 +86,22 @@ class AutoAWQBackend:
         dtype = torch.float32 if job.device == "cpu" else src
         opts = job.recipe.awq or AWQOptions()
         seq_len = max(len(s) for s in job.samples)
-        try:
-            with engine_output(log):
-                from transformers import AutoTokenizer
+        with engine_run("autoawq", log):
+            from transformers import AutoTokenizer
 
-                awq_cls = _load_awq()
-                # loaded in host memory: AutoAWQ moves one decoder layer at a time to the GPU
-                model = awq_cls.from_pretrained(
-                    str(job.model_path), torch_dtype=dtype, device_map=None,
-                    trust_remote_code=job.recipe.trust_remote_code, safetensors=True)
-                tok = AutoTokenizer.from_pretrained(job.model_path)
-                # token ids: AutoAWQ concatenates them and cuts seq_len windows, which for
-                # packed samples are exactly the calibration stage's windows
-                model.quantize(tok, quant_config=quant_config(job.recipe, job.group_size),
-                               calib_data=job.samples, max_calib_samples=len(job.samples),
-                               max_calib_seq_len=seq_len, duo_scaling=bool(opts.duo_scaling))
-                model.model.to(src)
-                model.save_quantized(str(out), safetensors=True)
-        except (ValueError, RuntimeError, TypeError, NotImplementedError, KeyError,
-                AttributeError, OSError) as exc:
-            raise QuantizationError(f"autoawq failed: {first_line(exc)} (full log: {log})") \
-                from exc
+            awq_cls = _load_awq()
+            # loaded in host memory: AutoAWQ moves one decoder layer at a time to the GPU
+            model = awq_cls.from_pretrained(
+                str(job.model_path), torch_dtype=dtype, device_map=None,
+                trust_remote_code=job.recipe.trust_remote_code, safetensors=True)
+            tok = AutoTokenizer.from_pretrained(job.model_path)
+            # token ids: AutoAWQ concatenates them and cuts seq_len windows, which for
+            # packed samples are exactly the calibration stage's windows
+            model.quantize(tok, quant_config=quant_config(job.recipe, job.group_size),
+                           calib_data=job.samples, max_calib_samples=len(job.samples),
+                           max_calib_seq_len=seq_len, duo_scaling=bool(opts.duo_scaling))
+            model.model.to(src)
+            model.save_quantized(str(out), safetensors=True)
         qc = finish(out, job.model_path, logs, src)
         return {"engine": "autoawq", "engine_version": importlib.metadata.version("autoawq"),
                 "quant_method": qc.get("quant_method"), "format": qc.get("version"),

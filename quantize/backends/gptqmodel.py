@@ -16,13 +16,12 @@ from quantize.backends import QuantizeJob
 from quantize.backends._native import (
     check_job,
     cpu_workers,
-    engine_output,
+    engine_run,
     finish,
     keep_user_hf_cache,
     quiet_imports,
     source_dtype,
 )
-from quantize.errors import QuantizationError, first_line
 from quantize.recipe import SCHEMES, GPTQOptions, Recipe
 
 # Fail at get_backend() (with "install with pip install -e .[gptqmodel]"), not mid-run.
@@ -95,25 +94,20 @@ class GPTQModelBackend:
         src = source_dtype(job.model_path)
         dtype = calibration_dtype(job.recipe, job.device, src)
         log = logs / "gptqmodel.log"
-        try:
-            with engine_output(log):
-                from gptqmodel import GPTQModel
+        with engine_run("gptqmodel", log):
+            from gptqmodel import GPTQModel
 
-                _log_dir(logs)
-                model = GPTQModel.load(str(job.model_path),
-                                       quant_config(job.recipe, job.group_size),
-                                       device=job.device, dtype=dtype,
-                                       trust_remote_code=job.recipe.trust_remote_code)
-                rows = [{"input_ids": s, "attention_mask": [1] * len(s)} for s in job.samples]
-                # calibration_sort=None keeps the calibration stage's order
-                model.quantize(rows, batch_size=job.batch_size, calibration_sort=None,
-                               backend=_kernel(job.recipe, job.device))
-                model.model.to(src)  # scales and unquantized tensors in the source's dtype
-                model.save(str(out))
-        except (ValueError, RuntimeError, TypeError, NotImplementedError, KeyError,
-                AttributeError, OSError) as exc:
-            raise QuantizationError(f"gptqmodel failed: {first_line(exc)} (full log: {log})") \
-                from exc
+            _log_dir(logs)
+            model = GPTQModel.load(str(job.model_path),
+                                   quant_config(job.recipe, job.group_size),
+                                   device=job.device, dtype=dtype,
+                                   trust_remote_code=job.recipe.trust_remote_code)
+            rows = [{"input_ids": s, "attention_mask": [1] * len(s)} for s in job.samples]
+            # calibration_sort=None keeps the calibration stage's order
+            model.quantize(rows, batch_size=job.batch_size, calibration_sort=None,
+                           backend=_kernel(job.recipe, job.device))
+            model.model.to(src)  # scales and unquantized tensors in the source's dtype
+            model.save(str(out))
         qc = finish(out, job.model_path, logs, src)
         return {"engine": "gptqmodel", "engine_version": importlib.metadata.version("gptqmodel"),
                 "batch_size": job.batch_size, "quant_method": qc.get("quant_method"),

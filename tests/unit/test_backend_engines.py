@@ -356,3 +356,18 @@ def test_importing_the_gptqmodel_backend_leaves_the_hub_cache_where_the_user_kee
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_an_engine_failure_is_one_line_naming_its_log(tmp_path: Path) -> None:
+    from quantize.backends._native import engine_run
+    from quantize.errors import QuantizationError
+
+    log = tmp_path / "logs" / "gptqmodel.log"
+    one_line = r"^gptqmodel failed: bad shape \(full log: .*gptqmodel\.log\)$"
+    with pytest.raises(QuantizationError, match=one_line), engine_run("gptqmodel", log):
+        os.write(1, b"engine chatter\n")  # as C++ and tqdm write: to the descriptor
+        raise ValueError("bad shape\n  at layer 3")
+    assert "engine chatter" in log.read_text()
+    # not an engine failure: passes through unchanged
+    with pytest.raises(MemoryError), engine_run("autoawq", log):
+        raise MemoryError

@@ -136,6 +136,20 @@ def test_tied_embeddings_counted_once_and_ignored_layers_at_model_dtype() -> Non
     assert q.total < base.total / 2
 
 
+def test_an_override_without_group_size_gets_the_group_pre_flight_and_the_engine_use() -> None:
+    """A per-channel recipe (W8A8) with a grouped override (W4A16, no group_size): the engine
+    writes compressed-tensors' preset group (128), so plan must count 128-groups too."""
+    from quantize.preflight import PRESET_GROUP_SIZE
+
+    model = P.meta(P.load_source("Qwen/Qwen3-0.6B").config)
+    recipe = _recipe("W8A8", overrides=[{"targets": ["re:.*mlp.down_proj"],
+                                         "scheme": "W4A16"}])
+    formats = P.recipe_layers(model, recipe, None).formats
+    down = {f for n, f in formats.items() if n.endswith("down_proj")}
+    assert {f.group for f in down} == {PRESET_GROUP_SIZE}
+    assert {f.group for n, f in formats.items() if n.endswith("q_proj")} == {None}
+
+
 def test_moe_experts_are_quantized_and_mla_projections_replicated() -> None:
     src = P.load_source("deepseek-ai/DeepSeek-V2-Lite-Chat")
     model = P.meta(src.config)
