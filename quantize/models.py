@@ -184,7 +184,9 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
 
 
 def model_fingerprint(ref: ModelRef) -> str:
-    """sha256 over config.json and every weight file (cached by path, size and mtime)."""
+    """sha256 over config.json and every weight file, cached by path, inode, size, mtime and
+    ctime (ctime because `cp -p`/`rsync -a` carry mtime over to new bytes; ctime cannot be
+    set, and any write or replacement moves it)."""
     cache_file = cache_root() / "hashes.json"
     try:
         cache: dict[str, str] = json.loads(cache_file.read_text())
@@ -194,7 +196,7 @@ def model_fingerprint(ref: ModelRef) -> str:
     keys = []
     for f in files:
         st = f.stat()
-        keys.append(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}")
+        keys.append(f"{f.resolve()}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}")
     todo = [(k, f) for k, f in zip(keys, files, strict=True) if k not in cache]
     if todo:
         cache.update(zip([k for k, _ in todo], hash_files([f for _, f in todo]), strict=True))

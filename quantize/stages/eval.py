@@ -203,7 +203,7 @@ def plan(pipe: Pipeline) -> tuple[dict[str, Any], Any]:
         export = pipe.run_dir / "export"
         if not export.is_dir():
             raise EvalError(f"{export} is missing; run the export stage first")
-        return run(export, pipe.model.path, pipe.manifest["model"]["fingerprint"], suite,
+        return run(export, pipe.model.path, pipe.fingerprint(), suite,
                    pipe.device, pipe.manifest["versions"], out)
 
     return inputs, execute

@@ -114,6 +114,41 @@ def test_rerun_skips_unchanged_stages_and_rebuilds_tampered_ones(
     assert outs[0] == outs[1]
 
 
+def test_the_model_is_fingerprinted_while_it_quantizes_and_a_changed_model_reruns(
+        tiny_model: Path, small_calibration: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The fingerprint is hashed in the background on a first run, recorded all the same;
+    new bytes carried in with the old size and mtime (`cp -p`, `rsync -a`) still re-run."""
+    import os
+    import shutil
+
+    from quantize.models import model_fingerprint, resolve_model
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    opts = RunOptions(recipe="fp8-dynamic", model=str(model), out=tmp_path / "run",
+                      dataset=str(small_calibration), until="export", device="cpu")
+    first = run(opts).manifest
+    fp = first["model"]["fingerprint"]
+    assert fp == model_fingerprint(resolve_model(str(model)))
+    assert first["stages"]["quantize"]["inputs"]["model"]["fingerprint"] == fp
+    export_meta = json.loads((tmp_path / "run" / "export" / "manifest.json").read_text())
+    assert export_meta["model"]["fingerprint"] == fp
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["model"][
+        "fingerprint"] == fp
+    capsys.readouterr()
+    w = model / "model.safetensors"
+    st = w.stat()
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 1  # the last byte of the last tensor
+    w.write_bytes(bytes(data))
+    os.utime(w, ns=(st.st_atime_ns, st.st_mtime_ns))  # as `cp -p` leaves it
+    second = run(opts).manifest
+    err = capsys.readouterr().err
+    assert "quantize: inputs changed (model)" in err
+    assert second["model"]["fingerprint"] != fp
+
+
 def _suite(tmp_path: Path, threshold: float) -> Path:
     p = tmp_path / f"tiny{int(threshold * 100)}.yaml"
     p.write_text(f"""\
