@@ -9,6 +9,7 @@ import click
 from rich.table import Table
 
 from quantize.progress import console
+from quantize.stages import STAGES
 
 if TYPE_CHECKING:
     from quantize.pipeline import Pipeline
@@ -23,17 +24,26 @@ def human_bytes(n: float) -> str:
 
 
 def print_gate(result: dict[str, Any]) -> None:
+    """The gate table; notes go under it, numbered, so that a narrow terminal (or a CI log,
+    80 columns) still shows every metric's name and numbers on one line."""
     color = "green" if result["verdict"] == "pass" else "red"
     table = Table(title=f"gate: [{color}]{result['verdict'].upper()}[/{color}]")
-    for col in ("metric", "baseline", "candidate", "recovery", "threshold", "verdict", "note"):
-        table.add_column(col)
+    for col in ("metric", "baseline", "candidate", "recovery", "threshold", "verdict"):
+        table.add_column(col, no_wrap=True)
+    notes: list[str] = []
     for r in result["rows"]:
         v = r["verdict"]
         vc = {"pass": "green", "fail": "red", "warn": "yellow"}[v]
+        mark = ""
+        if r["note"]:
+            notes.append(f"({len(notes) + 1}) {r['name']}: {r['note']}")
+            mark = f" ({len(notes)})"
         table.add_row(r["name"], f"{r['baseline']:.4g}", f"{r['candidate']:.4g}",
-                      f"{r['recovery']:.2%}", f"≥ {r['threshold']:.0%}", f"[{vc}]{v}[/{vc}]",
-                      r["note"])
+                      f"{r['recovery']:.2%}", f"≥ {r['threshold']:.0%}",
+                      f"[{vc}]{v}[/{vc}]{mark}")
     console.print(table)
+    for note in notes:
+        console.print(note)
 
 
 def print_summary(pipe: Pipeline) -> None:
@@ -41,8 +51,9 @@ def print_summary(pipe: Pipeline) -> None:
     table = Table(title=f"run {pipe.run_dir}", show_lines=False)
     for col in ("stage", "status", "seconds", "result"):
         table.add_column(col)
-    for name, entry in stages.items():
-        if name not in pipe.keys:
+    for name in STAGES:  # pipeline order, not the order the manifest recorded them in
+        entry = stages.get(name)
+        if entry is None or name not in pipe.keys:
             continue
         s = entry.get("summary", {})
         result = s.get("verdict") or s.get("fingerprint", "")[:16] or s.get("format") or ""

@@ -174,7 +174,8 @@ def recipes_cmd() -> None:
     width = max((len(n) for n in names), default=0)
     for name in names:
         r = load_recipe(name)
-        fmt = r.scheme + (f" g{r.group_size}" if r.group_size else "") + (
+        group = {"auto": " g auto"}.get(str(r.group_size), f" g{r.group_size}")
+        fmt = r.scheme + (group if r.group_size else "") + (
             " +kv-fp8" if r.kv_cache else "")
         click.echo(f"{name:<{width}} {r.method:<5} {fmt:<20} {r.backend:<13} {r.description}")
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from quantize.artifacts import atomic_write_json, atomic_write_text, pause_point
 from quantize.errors import EvalError, first_line
+from quantize.models import load_dequantized
 from quantize.progress import info, step
 from quantize.recipe import EvalSuite, MetricSpec, canonical_hash
 
@@ -39,21 +40,15 @@ def load_model(path: Path, device: str) -> tuple[Any, Any]:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     # fp32 on CPU (16-bit matmuls there are slow and add their own error); 16-bit on GPU.
     dtype = torch.float32 if device == "cpu" else "auto"
-    kwargs: dict[str, Any] = {}
     config = json.loads((path / "config.json").read_text())
     method = config.get("quantization_config", {}).get("quant_method")
-    if method == "compressed-tensors":
-        from transformers import CompressedTensorsConfig
-
-        # Decompress once at load: the same numbers as the packed kernels' dequantization,
-        # without unpacking every weight again on every forward pass.
-        kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
     try:
         if method in ("gptq", "awq"):
             model = dense_native(path, config, device)
+        elif method == "compressed-tensors":
+            model = load_dequantized(path, dtype=dtype, device_map=device)
         else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device,
-                                                         **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device)
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, RuntimeError) as exc:
         first = first_line(exc)

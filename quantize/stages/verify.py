@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from quantize import capabilities
 from quantize.artifacts import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
 from quantize.errors import VerifyError, first_line
+from quantize.models import load_dequantized
 
 if TYPE_CHECKING:
     import torch
@@ -150,20 +151,13 @@ def load_hf(ckpt: Path) -> Any:
     kwargs: dict[str, Any] = {"dtype": torch.float32}
     qc = json.loads((ckpt / "config.json").read_text()).get("quantization_config") or {}
     loading: Any = contextlib.nullcontext()
-    if qc.get("quant_method") in NATIVE_METHODS:
+    native = qc.get("quant_method") in NATIVE_METHODS
+    if native:
         loading = native_load(qc["quant_method"])
-    elif qc:
-        import inspect
-
-        from transformers import CompressedTensorsConfig
-
-        # `dequantize=True` replaced `run_compressed=False` (deprecated in transformers 5.17)
-        new_name = "dequantize" in inspect.signature(CompressedTensorsConfig).parameters
-        flag: dict[str, Any] = {"dequantize": True} if new_name else {"run_compressed": False}
-        kwargs["quantization_config"] = CompressedTensorsConfig(**flag)
     try:
         with loading:
-            model = AutoModelForCausalLM.from_pretrained(ckpt, **kwargs)
+            model = load_dequantized(ckpt, **kwargs) if qc and not native else \
+                AutoModelForCausalLM.from_pretrained(ckpt, **kwargs)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:  # incl. NotImplementedError
         first = first_line(exc)
         raise VerifyError(f"transformers cannot load {ckpt}: {type(exc).__name__}: {first}") \

@@ -64,3 +64,21 @@ def test_paired_se() -> None:
     assert paired_se([1.0], [0.0]) is None
     se = paired_se([1, 0, 1, 0], [1, 1, 0, 0])
     assert se == pytest.approx(math.sqrt((2 / 3) / 4))
+
+
+def test_the_printed_gate_keeps_names_whole_and_puts_notes_under_it() -> None:
+    from quantize.progress import console
+    from quantize.report import print_gate
+
+    rows = [{"name": "general_knowledge", "baseline": 0.4571, "candidate": 0.4,
+             "recovery": 0.875, "threshold": 0.9, "verdict": "fail",
+             "note": "shortfall within noise (±0.0548); raise the example count to decide"},
+            {"name": "wiki_ppl", "baseline": 17.94, "candidate": 18.22, "recovery": 0.9846,
+             "threshold": 0.97, "verdict": "pass", "note": ""}]
+    with console.capture() as cap:
+        print_gate({"verdict": "fail", "rows": rows})
+    text = cap.get()
+    assert "general_knowledge" in text and "fail (1)" in text
+    assert "(1) general_knowledge: shortfall within noise (±0.0548); raise the example count " \
+           "to decide" in text
+    assert "(2)" not in text
