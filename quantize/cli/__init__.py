@@ -57,6 +57,10 @@ def main() -> None:
 
     Run `quantize run gptq-int4` to quantize the embedded default model.
     """
+    if not sys.stderr.isatty():
+        # A log file or CI console gets the engines' progress bars every 30 s instead of
+        # several times a second (tqdm reads TQDM_* when it is first imported, which is later)
+        os.environ.setdefault("TQDM_MININTERVAL", "30")
 
 
 def _register() -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -183,3 +184,11 @@ def test_run_tp_is_checked_before_calibration(tmp_path: Path) -> None:
                        "--out", str(out_dir), "--device", "cpu")
     assert code == 2 and "--tp 4: model.layers.0.mlp.down_proj" in " ".join(out.split()), out
     assert not (out_dir / "calibrate").exists()  # nothing calibrated
+
+
+def test_progress_bars_are_throttled_when_the_output_is_not_a_terminal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TQDM_MININTERVAL", raising=False)
+    res = CliRunner().invoke(main, ["recipes"])  # CliRunner's streams are not terminals
+    assert res.exit_code == 0
+    assert os.environ.get("TQDM_MININTERVAL") == "30"
