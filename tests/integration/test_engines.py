@@ -68,6 +68,10 @@ def exported(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path,
         if key not in done:
             with pytest.MonkeyPatch.context() as mp:
                 mp.chdir(root)
+                if load_recipe(recipe).backend == "autoawq":
+                    # refused by default (its output on the real default model is broken);
+                    # the mechanics are still tested here, on the tiny model
+                    mp.setenv("QUANTIZE_AUTOAWQ_UNVERIFIED", "1")
                 run(RunOptions(recipe=recipe, model=str(tiny_model),
                                dataset=str(small_calibration), out=root / key.replace(":", "-"),
                                until=until, device="cpu"))
@@ -211,3 +215,17 @@ def test_engine_export_loads_in_vllm(recipe: str, exported: Any, tmp_path: Path)
     assert res["verdict"] == "pass", res.get("error")
     assert res["vllm"]["quantization"] in ("auto_gptq", "awq", "gptq", "auto_awq")
     assert res["metrics"]["agreement"] >= 0.8
+
+
+@pytest.mark.skipif(bool(_missing("awq-int4-autoawq")), reason="the autoawq extra is not "
+                    "installed: pip install -e .[autoawq]")
+def test_autoawq_is_refused_before_calibration(tiny_model: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantize.errors import NotImplementedFeature
+
+    monkeypatch.delenv("QUANTIZE_AUTOAWQ_UNVERIFIED", raising=False)
+    with pytest.raises(NotImplementedFeature, match=r"backend autoawq does not work with "
+                                                    r"transformers .* use awq-int4-gptqmodel"):
+        run(RunOptions(recipe="awq-int4-autoawq", model=str(tiny_model), out=tmp_path / "run",
+                       device="cpu"))
+    assert not (tmp_path / "run" / "calibrate").exists()
