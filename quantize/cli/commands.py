@@ -174,7 +174,7 @@ def recipes_cmd() -> None:
     width = max((len(n) for n in names), default=0)
     for name in names:
         r = load_recipe(name)
-        group = {"auto": " g auto"}.get(str(r.group_size), f" g{r.group_size}")
+        group = " g auto" if r.group_size == "auto" else f" g{r.group_size}"
         fmt = r.scheme + (group if r.group_size else "") + (
             " +kv-fp8" if r.kv_cache else "")
         click.echo(f"{name:<{width}} {r.method:<5} {fmt:<20} {r.backend:<13} {r.description}")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantize.artifacts import atomic_write_json, atomic_write_text, pause_point
+from quantize.backends._native import NATIVE_METHODS
 from quantize.errors import EvalError, first_line
 from quantize.models import load_dequantized
 from quantize.progress import info, step
@@ -43,7 +44,7 @@ def load_model(path: Path, device: str) -> tuple[Any, Any]:
     config = json.loads((path / "config.json").read_text())
     method = config.get("quantization_config", {}).get("quant_method")
     try:
-        if method in ("gptq", "awq"):
+        if method in NATIVE_METHODS:
             model = dense_native(path, config, device)
         elif method == "compressed-tensors":
             model = load_dequantized(path, dtype=dtype, device_map=device)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from quantize.artifacts import (
     atomic_write_json,
     check_tree,
     hash_tree,
+    link_or_copy,
     now,
     pause_point,
     private_dir,
@@ -376,14 +376,6 @@ def card_inputs(run: RunFiles, base: BaseInfo, repo_id: str, forced: bool,
         forced=forced, force_reason=run.refusal, extra_files=extra_files)
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def write_repo(run: RunFiles, inputs: CardInputs, extra: dict[str, Any], folder: Path) -> None:
     """The exact repo contents: export files (minus its manifest, shipped scrubbed under
     quantize/), README.md, and the raw results. Built aside, renamed into place."""
@@ -391,7 +383,8 @@ def write_repo(run: RunFiles, inputs: CardInputs, extra: dict[str, Any], folder:
         for src in sorted(run.export.rglob("*")):
             rel = src.relative_to(run.export).as_posix()
             if src.is_file() and rel != MANIFEST:
-                _link_or_copy(src, tmp / rel)
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                link_or_copy(src, tmp / rel)
         (tmp / "README.md").write_text(str(build_card(inputs)), encoding="utf-8")
         for rel, data in extra.items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
