@@ -63,7 +63,7 @@ def child(a: argparse.Namespace) -> None:
     from quantize.backends import QuantizeJob, resolve_batch_size
     from quantize.backends import llmcompressor as llmc
     from quantize.backends.distributed import shares
-    from quantize.recipe import load_recipe
+    from quantize.spec.recipe import load_recipe
 
     recipe = load_recipe(RECIPE)
     samples = json.loads(Path(a.samples).read_text())
@@ -114,7 +114,7 @@ def child(a: argparse.Namespace) -> None:
 def calibration(calib: str, model: Path) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    from quantize.recipe import load_recipe
+    from quantize.spec.recipe import load_recipe
     from quantize.stages import calibrate
 
     spec, base = calibrate.resolve_spec(load_recipe(RECIPE), calib)
@@ -222,8 +222,9 @@ def main() -> None:
     p.add_argument("--deadline-s", type=float, default=540)
     p.add_argument("--source", choices=("snapshot", "tree"), default="snapshot")
     p.add_argument("--placement", choices=("resident", "onload", "onload+offload"),
-                   default="resident", help="where the weights live (quantize.resources): the "
-                   "whole model on each GPU, or in host memory onloaded layer by layer")
+                   default="resident",
+                   help="where the weights live (quantize.checks.resources): the whole model "
+                   "on each GPU, or in host memory onloaded layer by layer")
     p.add_argument("--control", action="store_true",
                    help="also run 1 GPU on the samples in another order (the noise reference)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -263,7 +264,7 @@ def run(a: argparse.Namespace) -> None:
     model = MODEL_8B if a.preset == "llama3.1-8b" else WORK / f"model-{a.preset}"
     tokenizer = TOKENIZER
     if not (tokenizer / "tokenizer.json").is_file():  # no carry: the default model's own
-        from quantize.models import DEFAULT_NAME, cache_root
+        from quantize.model.source import DEFAULT_NAME, cache_root
         tokenizer = cache_root() / "models" / f"{DEFAULT_NAME}-fp16"
     log(f"model {a.preset} -> {model}")
     _, line = sh([sys.executable, "-m", "bench.make_model", "--preset", a.preset, "--out",

@@ -44,7 +44,7 @@ def matmul_tflops(device: str, dtype: Any, n: int = 2048, reps: int = 5) -> floa
 def ours(model: Any, tok: Any, text_path: Path, tokens: int, seq_len: int,
          batch: int) -> dict[str, Any]:
     from quantize.metrics import perplexity
-    from quantize.recipe import MetricSpec
+    from quantize.spec.recipe import MetricSpec
 
     spec = MetricSpec(name="ppl", kind="perplexity", direction="lower_is_better",
                       threshold=0.5, path=str(text_path), max_tokens=tokens, seq_len=seq_len)
@@ -80,7 +80,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quantize.models import resolve_model
+    from quantize.model.source import resolve_model
 
     path = Path(a.model) if a.model else resolve_model(None).path
     dtype = torch.float32 if a.device == "cpu" else torch.bfloat16

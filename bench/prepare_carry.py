@@ -39,7 +39,7 @@ def download_wheels() -> None:
 
 
 def copy_tokenizer() -> None:
-    from quantize.models import DEFAULT_NAME, cache_root, resolve_model
+    from quantize.model.source import DEFAULT_NAME, cache_root, resolve_model
 
     src = cache_root() / "models" / f"{DEFAULT_NAME}-fp16"
     if not (src / "tokenizer.json").is_file():

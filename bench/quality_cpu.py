@@ -60,7 +60,7 @@ def run_setting(name: str, model_dir: Path, windows: Any) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from quantize.backends.llmcompressor import _quiet_engine, build_modifiers
-    from quantize.recipe import load_recipe
+    from quantize.spec.recipe import load_recipe
 
     _quiet_engine()
     spec, bs = SETTINGS[name]
@@ -95,7 +95,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quantize.models import resolve_model
+    from quantize.model.source import resolve_model
 
     model_dir = resolve_model(None).path
     tok = AutoTokenizer.from_pretrained(model_dir)

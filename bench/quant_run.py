@@ -92,7 +92,7 @@ def calibration_samples(recipe_name: str, calib: str, model: str) -> list[list[i
     """The same tokens the pipeline's calibrate stage makes (same spec, seed and packing)."""
     from transformers import AutoTokenizer
 
-    from quantize.recipe import load_recipe
+    from quantize.spec.recipe import load_recipe
     from quantize.stages import calibrate
 
     spec, base = calibrate.resolve_spec(load_recipe(recipe_name), calib)
@@ -112,8 +112,8 @@ def run_oneshot(a: argparse.Namespace, prof: profiler.Prof | None) -> dict[str, 
         _source_dtype,
         build_modifiers,
     )
-    from quantize.preflight import check
-    from quantize.recipe import load_recipe
+    from quantize.checks.preflight import check
+    from quantize.spec.recipe import load_recipe
     from quantize.stages.calibrate import fingerprint
 
     _quiet_engine()

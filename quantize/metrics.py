@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import EvalError, first_line
-from quantize.recipe import MetricSpec
+from quantize.spec.recipe import MetricSpec
 from quantize.stages.calibrate import BUILTIN_TEXT, DATA_DIR, hub_texts
 
 BUILTIN_EVAL_TEXT = {"wiki-eval": BUILTIN_TEXT["wiki-eval"]}  # one table of shipped texts

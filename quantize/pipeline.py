@@ -16,20 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantize import __version__, preflight
-from quantize.artifacts import (
-    atomic_dir,
-    check_tree,
-    hash_tree,
-    now,
-    pause_point,
-    read_manifest,
-    run_lock,
-    sha256_file,
-    write_manifest,
-)
+from quantize import __version__
+from quantize.checks import preflight
 from quantize.errors import ExportError, QuantizeError
-from quantize.models import (
+from quantize.model.source import (
     DEFAULT_MODEL,
     HUB_ID,
     ModelRef,
@@ -38,7 +28,10 @@ from quantize.models import (
     resolve_model,
 )
 from quantize.progress import info, step
-from quantize.recipe import (
+from quantize.run.files import atomic_dir, check_tree, hash_tree, now, pause_point, sha256_file
+from quantize.run.lock import run_lock
+from quantize.run.manifest import read_manifest, write_manifest
+from quantize.spec.recipe import (
     EvalSuite,
     Recipe,
     canonical_hash,
@@ -46,8 +39,8 @@ from quantize.recipe import (
     resolve,
     suite_for,
 )
+from quantize.spec.yamlio import read_text
 from quantize.stages import STAGES
-from quantize.yamlio import read_text
 
 _VERSIONED = ("torch", "transformers", "llmcompressor", "compressed-tensors", "lm_eval")
 
@@ -293,8 +286,8 @@ class Pipeline:
 
         def execute(out: Path) -> dict[str, Any]:
             from quantize.backends.distributed import check_samples, shares
-            from quantize.placement import GiB, load_plan
-            from quantize.resources import check_memory
+            from quantize.checks.placement import GiB, load_plan
+            from quantize.checks.resources import check_memory
 
             samples = calibrate.load(self.run_dir / "calibrate")
             if not self.recipe.needs_calibration:

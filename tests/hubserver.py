@@ -620,7 +620,8 @@ def write_eval_gate(run_dir: Any, *, fail: bool = False) -> dict[str, Any]:
     blocking perplexity metric miss its threshold. Returns the gate result."""
     from pathlib import Path
 
-    from quantize.artifacts import atomic_write_json, hash_tree, read_manifest, write_manifest
+    from quantize.run.files import atomic_write_json, hash_tree
+    from quantize.run.manifest import read_manifest, write_manifest
 
     run_dir = Path(run_dir)
     metrics = [

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from quantize.errors import BackendUnavailable, RecipeError
-from quantize.recipe import Recipe
+from quantize.spec.recipe import Recipe
 
 
 @dataclass(frozen=True)
@@ -20,12 +20,12 @@ class QuantizeJob:
     samples: list[list[int]]  # calibration token ids, empty when the recipe needs none
     device: str  # "cpu" or "cuda"
     batch_size: int = 1  # calibration forward batch, resolved by resolve_batch_size
-    # on a GPU, where the model lives (quantize.resources.check_memory picks it): resident,
+    # on a GPU, where the model lives (quantize.checks.resources.check_memory picks it): resident,
     # onload (host memory, one layer at a time on the GPU), onload+offload (activations too)
     placement: str = "resident"
     # processes calibrating data-parallel under torchrun (quantize.backends.distributed)
     world_size: int = 1
-    # where the weights that are not on the GPU live (quantize.placement): ram | disk, with
+    # where the weights that are not on the GPU live (quantize.checks.placement): ram | disk, with
     # the bytes of weights to keep in RAM and the folder for the rest when on disk
     host_tier: str = "ram"
     cpu_budget: int | None = None
@@ -58,18 +58,17 @@ class Backend(Protocol):
         ...
 
 
-_MODULES = {"llmcompressor": "quantize.backends.llmcompressor",
-            "gptqmodel": "quantize.backends.gptqmodel",
-            "autoawq": "quantize.backends.autoawq"}
-
-
 def get_backend(name: str) -> Backend:
-    if name not in _MODULES:
-        raise BackendUnavailable(f"unknown backend {name!r}; known: {sorted(_MODULES)}")
+    """The engine's module, imported now (engines are listed in quantize.spec.engines)."""
+    from quantize.spec.engines import ENGINES
+
+    if name not in ENGINES:
+        raise BackendUnavailable(f"unknown backend {name!r}; known: {sorted(ENGINES)}")
+    engine = ENGINES[name]
     try:
-        module = importlib.import_module(_MODULES[name])
+        module = importlib.import_module(engine.module)
     except ImportError as exc:
         raise BackendUnavailable(f"backend {name!r} is not installed ({exc.name}); install "
-                                 f"it with `pip install -e .[{name}]`") from None
+                                 f"it with `pip install -e .[{engine.extra or name}]`") from None
     backend: Backend = module.BACKEND
     return backend

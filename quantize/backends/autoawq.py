@@ -28,7 +28,8 @@ from quantize.backends._native import (
     source_dtype,
 )
 from quantize.errors import NotImplementedFeature
-from quantize.recipe import SCHEMES, AWQOptions, Recipe
+from quantize.spec.recipe import AWQOptions, Recipe
+from quantize.spec.schemes import SCHEMES
 
 for _mod in ("awq", "gptqmodel", "optimum"):
     if importlib.util.find_spec(_mod) is None:

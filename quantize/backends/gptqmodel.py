@@ -22,7 +22,8 @@ from quantize.backends._native import (
     quiet_imports,
     source_dtype,
 )
-from quantize.recipe import SCHEMES, GPTQOptions, Recipe
+from quantize.spec.recipe import GPTQOptions, Recipe
+from quantize.spec.schemes import SCHEMES
 
 # Fail at get_backend() (with "install with pip install -e .[gptqmodel]"), not mid-run.
 for _mod in ("gptqmodel", "optimum"):

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from quantize.backends import QuantizeJob
+from quantize.checks.preflight import override_group_size  # the one rule pre-flight checks too
 from quantize.errors import QuantizationError, first_line
-from quantize.preflight import override_group_size  # the one rule pre-flight checks too
-from quantize.recipe import SCHEMES, AWQOptions, GPTQOptions, Recipe
+from quantize.spec.recipe import AWQOptions, GPTQOptions, Recipe
+from quantize.spec.schemes import SCHEMES
 
 
 def _scheme(name: str, targets: list[str], group_size: int | None) -> Any:
@@ -110,11 +111,11 @@ def dtypes(job: QuantizeJob) -> tuple[Any, Any]:
 
 
 def load_model(job: QuantizeJob, dtype: Any) -> Any:
-    """The model where quantize.placement put it (GPU, host RAM, host RAM + disk; with
+    """The model where quantize.checks.placement put it (GPU, host RAM, host RAM + disk; with
     several processes through compressed-tensors' load_offloaded_model)."""
     from transformers import AutoModelForCausalLM
 
-    from quantize.placement import load_plan
+    from quantize.checks.placement import load_plan
 
     plan = load_plan(job.device, job.placement, job.host_tier, job.world_size,
                      job.cpu_budget, job.offload_dir)
@@ -192,7 +193,7 @@ def cast_parameters(model: Any, dtype: Any) -> None:
     existing file, keeping the file's dtype (fp32 scales reached a disk-offloaded export that
     way), so offloaded entries are replaced, not assigned. A tied parameter (embeddings and
     lm_head) is cast once and the second owner re-pointed to it. One process only: under
-    torchrun the ranks share the offload files (quantize.placement refuses that case)."""
+    torchrun the ranks share the offload files (quantize.checks.placement refuses that case)."""
     import torch
     from compressed_tensors.offload import disable_onloading
     from compressed_tensors.offload.cache import OffloadCache
@@ -227,7 +228,7 @@ def summary(job: QuantizeJob, dtype: Any, src_dtype: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"engine": "llmcompressor", "batch_size": job.batch_size,
                            "calibration_dtype": str(dtype).split(".")[-1],
                            "export_dtype": str(src_dtype).split(".")[-1]}
-    from quantize.placement import load_plan
+    from quantize.checks.placement import load_plan
 
     plan = load_plan(job.device, job.placement, job.host_tier, job.world_size, job.cpu_budget,
                      job.offload_dir)

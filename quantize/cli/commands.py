@@ -57,7 +57,7 @@ def _run(until: str, **kw: Any) -> None:
 def _finish(pipe: Any) -> None:
     """Print the summary; a failed gate exits non-zero with every failure named."""
     from quantize.errors import GateFailed
-    from quantize.report import print_summary
+    from quantize.report.summary import print_summary
 
     print_summary(pipe)
     if "gate" in pipe.keys and pipe.manifest.get("releasable") is False:
@@ -168,7 +168,7 @@ def gate_cmd(run_dir: Path, suite: str | None) -> None:
 @handle_errors
 def recipes_cmd() -> None:
     """List the shipped recipes with one-line descriptions."""
-    from quantize.recipe import available, load_recipe
+    from quantize.spec.recipe import available, load_recipe
 
     names = available("recipes")
     width = max((len(n) for n in names), default=0)
@@ -189,9 +189,9 @@ def recipes_cmd() -> None:
 def validate_cmd(recipe: str, model: str | None, no_model: bool, tp: int) -> None:
     """Check RECIPE (a name or YAML path): schema, calibration spec, eval suite, and the
     pre-flight checks against the model (default model unless --no-model)."""
-    from quantize import preflight
-    from quantize.models import check_architecture, resolve_model
-    from quantize.recipe import apply_thresholds, load_recipe, load_suite
+    from quantize.checks import preflight
+    from quantize.model.source import check_architecture, resolve_model
+    from quantize.spec.recipe import apply_thresholds, load_recipe, load_suite
     from quantize.stages.calibrate import resolve_spec
 
     r = load_recipe(recipe)
@@ -216,7 +216,7 @@ def validate_cmd(recipe: str, model: str | None, no_model: bool, tp: int) -> Non
 def compare_cmd(runs: tuple[Path, ...], out: Path) -> None:
     """One table (compare.md) and one plot (compare.png) across RUNS: size on disk vs
     perplexity and accuracy recovery, with each gate verdict."""
-    from quantize.compare import compare
+    from quantize.report.compare import compare
 
     compare(list(runs), out)
     click.echo((out / "compare.md").read_text())

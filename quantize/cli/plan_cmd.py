@@ -45,8 +45,8 @@ def plan_cmd(model: str, gpu_name: str, gpus: int, context: int, concurrency: in
     x --gpu, and the `vllm serve` command for it. MODEL: a built-in model (e.g.
     meta-llama/Llama-3.1-70B-Instruct), a Hub id, a local folder or a run folder; only
     config.json is read."""
-    from quantize.gpus import find
-    from quantize.plan import PlanRequest, make_plan
+    from quantize.planner.gpus import find
+    from quantize.planner.plan import PlanRequest, make_plan
 
     req = PlanRequest(model=model, gpu=find(gpu_name, gpu_file), gpus=gpus, context=context,
                       concurrency=concurrency, recipes=[recipes], util=util,
@@ -71,7 +71,7 @@ def _gib(n: float) -> str:
 
 def render(plan: object) -> list[str]:
     """The plan as plain text (copy-pasteable; no terminal-width wrapping)."""
-    from quantize.plan import GIB, TP_CANDIDATES, Plan
+    from quantize.planner.plan import GIB, TP_CANDIDATES, Plan
 
     assert isinstance(plan, Plan)
     req, gpu = plan.request, plan.request.gpu

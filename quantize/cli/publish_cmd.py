@@ -10,7 +10,7 @@ from quantize.cli import handle_errors, main
 
 
 def _size(n: int) -> str:
-    from quantize.modelcard import human_bytes
+    from quantize.report.card import human_bytes
 
     return human_bytes(n)
 

@@ -13,15 +13,15 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantize.artifacts import atomic_write_json, sha256_file
-from quantize.errors import CalibrationError, QuantizeError, RecipeError, first_line
-from quantize.recipe import CalibrationSpec, Recipe, load_calibration, resolve
+from quantize.errors import CalibrationError, QuantizeError, first_line
+from quantize.run.files import atomic_write_json, sha256_file
+from quantize.spec.paths import DATA_DIR, contained
+from quantize.spec.recipe import CalibrationSpec, Recipe, load_calibration, resolve
 
 if TYPE_CHECKING:
     import torch
 
 NAME = "calibrate"
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 BUILTIN_TEXT = {"wiki": DATA_DIR / "wiki_calibration.txt", "wiki-eval": DATA_DIR / "wiki_eval.txt"}
 _TEXT_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
 
@@ -57,18 +57,13 @@ def resolve_spec(recipe: Recipe, dataset: str | None) -> tuple[CalibrationSpec, 
 
 def _data_path(spec: CalibrationSpec, base_dir: Path) -> Path:
     assert spec.path is not None
-    raw = Path(spec.path)
-    path = (raw if raw.is_absolute() else base_dir / raw).resolve()
-    if not spec.allow_external_path and (raw.is_absolute()
-                                         or not path.is_relative_to(base_dir.resolve())):
-        raise RecipeError(f"calibration path {spec.path!r} leaves the spec's folder; use a "
-                          "path inside it or set allow_external_path: true")
+    path = contained(base_dir, spec.path, spec.allow_external_path, "calibration path",
+                     "the spec's folder")
     if not path.exists():
         raise CalibrationError(f"calibration path {path} does not exist; fix `path:`")
     return path
 
 
-# --- reading text ---------------------------------------------------------------------------
 def _read_txt(path: Path) -> list[str]:
     try:
         raw = path.read_text(encoding="utf-8")

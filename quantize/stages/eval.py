@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantize.artifacts import atomic_write_json, atomic_write_text, pause_point
 from quantize.backends._native import NATIVE_METHODS
 from quantize.errors import EvalError, first_line
-from quantize.models import load_dequantized
+from quantize.model.source import load_dequantized
 from quantize.progress import info, step
-from quantize.recipe import EvalSuite, MetricSpec, canonical_hash
+from quantize.run.files import atomic_write_json, atomic_write_text, pause_point
+from quantize.spec.recipe import EvalSuite, MetricSpec, canonical_hash
 
 if TYPE_CHECKING:
     from quantize.pipeline import Pipeline
@@ -105,7 +105,7 @@ def evaluate(path: Path, suite: EvalSuite, device: str, label: str) -> dict[str,
 def baseline(model_path: Path, fingerprint: str, suite: EvalSuite, device: str,
              versions: dict[str, str]) -> tuple[dict[str, Any], bool]:
     """The baseline's results, from the cache when the same model/suite/settings ran before."""
-    from quantize.models import cache_root
+    from quantize.model.source import cache_root
 
     key = canonical_hash({"model": fingerprint, "settings": measured_settings(suite),
                           "device": device, "versions": versions})
@@ -211,10 +211,10 @@ def checkpoint(folder: Path, suite_name: str | None, out: Path, device: str) -> 
     recipe's thresholds. Writes eval.json/eval.md and gate.json/gate.md into `out`."""
     import json
 
-    from quantize.artifacts import atomic_dir
-    from quantize.models import model_fingerprint, resolve_model
+    from quantize.model.source import model_fingerprint, resolve_model
     from quantize.pipeline import versions
-    from quantize.recipe import load_recipe, suite_for
+    from quantize.run.files import atomic_dir
+    from quantize.spec.recipe import load_recipe, suite_for
     from quantize.stages import gate
 
     manifest_file = folder / "manifest.json"

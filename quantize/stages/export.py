@@ -17,7 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from quantize.artifacts import (
+from quantize.errors import ExportError
+from quantize.run.files import (
     atomic_write_json,
     atomic_write_text,
     copy_hashed,
@@ -25,7 +26,6 @@ from quantize.artifacts import (
     link_or_copy,
     pause_point,
 )
-from quantize.errors import ExportError
 
 NAME = "export"
 REQUIRED = ("config.json", "tokenizer_config.json")

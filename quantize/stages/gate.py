@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantize.artifacts import atomic_write_json, atomic_write_text
+from quantize.run.files import atomic_write_json, atomic_write_text
 
 if TYPE_CHECKING:
     from quantize.pipeline import Pipeline

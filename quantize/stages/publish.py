@@ -27,8 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from quantize import __version__
-from quantize.artifacts import (
-    MANIFEST,
+from quantize.errors import ExportError, PublishError, QuantizeError, first_line
+from quantize.progress import info
+from quantize.progress import warn as _warn
+from quantize.report.card import BaseInfo, CardInputs, build_card, default_repo_name, dumps_json
+from quantize.run.files import (
     atomic_dir,
     atomic_write_json,
     check_tree,
@@ -36,15 +39,11 @@ from quantize.artifacts import (
     link_or_copy,
     now,
     pause_point,
-    private_dir,
-    run_lock,
 )
-from quantize.errors import ExportError, PublishError, QuantizeError, first_line
-from quantize.modelcard import BaseInfo, CardInputs, build_card, default_repo_name, dumps_json
-from quantize.progress import info
-from quantize.progress import warn as _warn
-from quantize.recipe import Recipe
-from quantize.yamlio import parse_model
+from quantize.run.lock import private_dir, run_lock
+from quantize.run.manifest import MANIFEST
+from quantize.spec.recipe import Recipe
+from quantize.spec.yamlio import parse_model
 
 NAME = "publish"
 PROVENANCE_DIR = "quantize"  # raw results shipped next to the card
@@ -296,7 +295,7 @@ def _repo_from_cache_path(path: Path) -> str | None:
 
 
 def resolve_base(run: RunFiles, base_model: str | None, license_: str | None) -> BaseInfo:
-    from quantize.modelcard import config_dtype
+    from quantize.report.card import config_dtype
 
     model = run.manifest.get("model") or {}
     source = str(model.get("source") or "")

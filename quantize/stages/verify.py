@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantize import capabilities
-from quantize.artifacts import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
 from quantize.errors import VerifyError, first_line
-from quantize.models import load_dequantized
+from quantize.model.source import load_dequantized
+from quantize.run.files import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
+from quantize.vllm import support as capabilities
 
 if TYPE_CHECKING:
     import torch

@@ -115,7 +115,7 @@ def test_disk_offload_gives_the_same_export(tiny_model: Path, tmp_path: Path) ->
 
     from quantize.backends import QuantizeJob
     from quantize.backends.llmcompressor import BACKEND
-    from quantize.recipe import load_recipe
+    from quantize.spec.recipe import load_recipe
     from quantize.stages.calibrate import BUILTIN_TEXT
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
@@ -144,7 +144,7 @@ def test_a_failing_rank_is_named(tiny_model: Path, tmp_path: Path) -> None:
     from quantize.backends import QuantizeJob
     from quantize.backends.llmcompressor import BACKEND
     from quantize.errors import QuantizationError
-    from quantize.recipe import load_recipe
+    from quantize.spec.recipe import load_recipe
 
     out = tmp_path / "run" / "quantize"
     out.mkdir(parents=True)

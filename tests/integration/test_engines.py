@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from quantize import capabilities
 from quantize.pipeline import RunOptions, run
-from quantize.recipe import load_recipe
+from quantize.spec.recipe import load_recipe
+from quantize.vllm import support as capabilities
 
 # recipe, the packages its extra brings, (quant_method, format) written to config.json
 ENGINES = {

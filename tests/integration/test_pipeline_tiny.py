@@ -11,7 +11,7 @@ import pytest
 
 from quantize.errors import GateFailed
 from quantize.pipeline import RunOptions, run
-from quantize.recipe import available, load_recipe
+from quantize.spec.recipe import available, load_recipe
 
 # Relative L2 error of the reloaded export's logits vs the unquantized model, on a random
 # model (no outlier structure, so these are loose upper bounds, not quality claims). They
@@ -124,7 +124,7 @@ def test_the_model_is_fingerprinted_while_it_quantizes_and_a_changed_model_rerun
     import os
     import shutil
 
-    from quantize.models import model_fingerprint, resolve_model
+    from quantize.model.source import model_fingerprint, resolve_model
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model, model)

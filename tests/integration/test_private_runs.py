@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from quantize import pipeline
-from quantize.models import ModelRef
+from quantize.model.source import ModelRef
 
 RECIPE = """name: trusting
 description: a recipe that trusts the model repo's code

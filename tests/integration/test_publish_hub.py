@@ -31,9 +31,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from quantize.artifacts import hash_tree
 from quantize.cli import main
 from quantize.errors import PublishError
+from quantize.run.files import hash_tree
 from quantize.stages.publish import PublishOptions, publish
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

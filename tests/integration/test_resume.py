@@ -2,7 +2,7 @@
 points of every stage, then re-run the same command: it resumes from the last finished stage,
 never reuses a half-written folder, and ends with the same hashes as an uninterrupted run.
 
-Pipeline points pause through QUANTIZE_PAUSE_AT (quantize.artifacts.pause_point):
+Pipeline points pause through QUANTIZE_PAUSE_AT (quantize.run.files.pause_point):
 `<stage>:start` (before its folder exists), `<stage>:written` (all files written into the
 hidden `.<stage>.partial` folder), `<stage>:renamed` (the folder is in place, its manifest
 entry not written yet), `export:half` (halfway through copying the export's files) and

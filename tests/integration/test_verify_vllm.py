@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from quantize import capabilities
 from quantize.stages import verify as V
+from quantize.vllm import support as capabilities
 
 VLLM_PYTHON = capabilities.find_vllm_python()
 pytestmark = [

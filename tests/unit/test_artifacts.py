@@ -7,16 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from quantize.artifacts import (
-    atomic_dir,
-    atomic_write_json,
-    check_tree,
-    hash_tree,
-    read_manifest,
-    run_lock,
-    tmp_dir_for,
-)
 from quantize.errors import ExportError, LockedError
+from quantize.run.files import atomic_dir, atomic_write_json, check_tree, hash_tree, tmp_dir_for
+from quantize.run.lock import run_lock
+from quantize.run.manifest import read_manifest
 
 
 def test_atomic_write_replaces_whole_file(tmp_path: Path) -> None:
@@ -73,19 +67,4 @@ def test_corrupt_manifest_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="corrupt"):
         read_manifest(tmp_path)
 
-
-def test_lock_refuses_a_live_owner_and_clears_a_dead_one(tmp_path: Path) -> None:
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        (tmp_path / ".lock").write_text(str(sleeper.pid))
-        with pytest.raises(LockedError, match=f"in use by process {sleeper.pid}"), \
-                run_lock(tmp_path):
-            pass
-    finally:
-        sleeper.kill()
-        sleeper.wait()
-    # the owner is dead now: the stale lock is cleared and ours is taken
-    with run_lock(tmp_path):
-        assert (tmp_path / ".lock").read_text() == str(os.getpid())
-    assert not (tmp_path / ".lock").exists()
 

@@ -5,7 +5,7 @@ import os
 import time
 from pathlib import Path
 
-from quantize.artifacts import copy_hashed, hash_files, hash_tree, link_or_copy, sha256_file
+from quantize.run.files import copy_hashed, hash_files, hash_tree, link_or_copy, sha256_file
 
 
 def _truth(p: Path) -> str:

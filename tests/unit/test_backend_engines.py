@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from quantize import capabilities as caps
 from quantize.errors import BackendUnavailable, NotImplementedFeature, RecipeError
-from quantize.recipe import ENGINE_SCHEMES, load_recipe
+from quantize.spec.engines import ENGINE_SCHEMES
+from quantize.spec.recipe import load_recipe
+from quantize.vllm import support as caps
 
 BASE = """\
 name: x
@@ -108,7 +109,7 @@ def test_missing_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch
 
 def test_missing_extra_fails_preflight_before_calibration(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from quantize import preflight
+    from quantize.checks import preflight
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from quantize.backends import QuantizeJob
 from quantize.backends import distributed as d
 from quantize.errors import NotImplementedFeature, QuantizeError
-from quantize.recipe import load_recipe
+from quantize.spec.recipe import load_recipe
 
 
 @pytest.mark.parametrize("recipe", ["gptq-int4", "awq-int4", "w8a8-int8", "fp8-kv"])
@@ -131,8 +131,9 @@ def test_verify_tp_reaches_vllm_tensor_parallel_size(monkeypatch: pytest.MonkeyP
     import sys
     import types
 
-    from quantize import capabilities, vllm_worker
     from quantize.stages import verify
+    from quantize.vllm import support as capabilities
+    from quantize.vllm import worker as vllm_worker
 
     host = capabilities.Host(None, device="cuda")
     req = verify.engine_request(tmp_path, [[1, 2]], host, 4, "auto")

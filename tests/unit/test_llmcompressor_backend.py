@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from quantize.backends.llmcompressor import build_modifiers
-from quantize.recipe import load_recipe
+from quantize.spec.recipe import load_recipe
 
 
 def _weights(mod):  # type: ignore[no-untyped-def]

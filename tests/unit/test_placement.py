@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from quantize import placement, preflight, resources
+from quantize.checks import placement, preflight, resources
+from quantize.checks.placement import GiB, PlacementError, choose_host, load_plan
 from quantize.errors import NotImplementedFeature
-from quantize.placement import GiB, PlacementError, choose_host, load_plan
-from quantize.recipe import load_recipe
+from quantize.spec.recipe import load_recipe
 
 CONFIGS = Path(__file__).resolve().parents[2] / "quantize" / "data" / "model_configs"
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from quantize import preflight
+from quantize.checks import preflight
 from quantize.errors import PreflightError
-from quantize.recipe import Override, Recipe
+from quantize.spec.recipe import Override, Recipe
 
 
 def llama(**over: Any) -> dict[str, Any]:

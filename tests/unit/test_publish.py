@@ -19,11 +19,12 @@ from click.testing import CliRunner
 from huggingface_hub import ModelCard
 from safetensors.numpy import save_file
 
-from quantize.artifacts import hash_tree, read_manifest, write_manifest
 from quantize.cli import main
 from quantize.errors import PublishError
-from quantize.modelcard import default_repo_name, kv_bytes_per_token
-from quantize.recipe import load_recipe
+from quantize.report.card import default_repo_name, kv_bytes_per_token
+from quantize.run.files import hash_tree
+from quantize.run.manifest import read_manifest, write_manifest
+from quantize.spec.recipe import load_recipe
 from quantize.stages.publish import PublishOptions, publish, redact
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

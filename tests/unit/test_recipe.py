@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from quantize.errors import RecipeError
-from quantize.recipe import (
+from quantize.spec.recipe import (
     EvalRef,
     apply_thresholds,
     available,

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from quantize import preflight, resources
-from quantize.recipe import load_recipe
-from quantize.resources import GiB, ResourceError, check_memory
+from quantize.checks import preflight, resources
+from quantize.checks.resources import GiB, ResourceError, check_memory
+from quantize.spec.recipe import load_recipe
 
 CONFIGS = Path(__file__).resolve().parents[2] / "quantize" / "data" / "model_configs"
 SMALL = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,

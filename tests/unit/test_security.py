@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from quantize.artifacts import hash_tree, read_manifest, run_lock, write_manifest
-from quantize.models import DEFAULT_MODEL, ModelRef
+from quantize.model.source import DEFAULT_MODEL, ModelRef
 from quantize.pipeline import from_hub
+from quantize.run.files import hash_tree
+from quantize.run.lock import run_lock
+from quantize.run.manifest import read_manifest, write_manifest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_publish import dry, make_run

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from quantize import capabilities as caps
 from quantize.errors import VerifyError
 from quantize.stages import verify as V
+from quantize.vllm import support as caps
 
 # --- formats and rules ------------------------------------------------------------------
 
@@ -232,7 +232,7 @@ def test_worker_crash_quotes_the_last_error_line(tmp_path: Path,
 
 
 def test_error_line_names_the_root_cause() -> None:
-    from quantize import vllm_worker
+    from quantize.vllm import worker as vllm_worker
 
     try:
         try:
@@ -246,7 +246,7 @@ def test_error_line_names_the_root_cause() -> None:
 
 
 def test_error_line_keeps_a_list_of_reasons() -> None:
-    from quantize import vllm_worker
+    from quantize.vllm import worker as vllm_worker
 
     exc = ValueError("Failed to find a kernel that can implement the WNA16 linear layer. "
                      "Reasons: \n A cannot implement due to: x\n B cannot implement due to: y\n")
@@ -272,7 +272,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-    from quantize.models import default_model_dir
+    from quantize.model.source import default_model_dir
 
     root = tmp_path_factory.mktemp("tiny")
     tok = AutoTokenizer.from_pretrained(default_model_dir())

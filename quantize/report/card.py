@@ -16,7 +16,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from quantize.errors import QuantizeError
-from quantize.recipe import Recipe
+from quantize.spec.recipe import Recipe
 
 # Repo-name tags, following the names users know from Red Hat AI / Neural Magic releases.
 _SCHEME_TAGS = {
@@ -103,7 +103,7 @@ def _plan_kv(config: dict[str, Any], element_bytes: int) -> tuple[int, str] | No
     """KV bytes per token from `quantize plan`'s model shape, which also knows MLA latents
     and multimodal text configs; None when the planner is absent or cannot read the config."""
     try:
-        from quantize import plan
+        from quantize.planner import plan
     except ImportError:
         return None
     try:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantize.artifacts import atomic_dir, atomic_write_json, hash_files, sha256_file
 from quantize.errors import ModelError, first_line
+from quantize.run.files import atomic_dir, atomic_write_json, hash_files, sha256_file
 
 DEFAULT_MODEL = "default"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"

@@ -13,9 +13,10 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from quantize.errors import QuantizeError
-from quantize.yamlio import format_validation_error, load_yaml, read_text
+from quantize.spec.paths import DATA_DIR
+from quantize.spec.yamlio import format_validation_error, load_yaml, read_text
 
-DATA = Path(__file__).resolve().parent / "data" / "gpus.yaml"
+DATA = DATA_DIR / "gpus.yaml"
 USER_FILE = Path("~/.config/quantize/gpus.yaml").expanduser()
 
 

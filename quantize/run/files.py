@@ -1,19 +1,4 @@
-"""Run-folder layout, atomic writes, hashes, the run manifest and the run lock.
-
-Layout of a run folder (`runs/<model>-<recipe>/`):
-
-    manifest.json        written last by every stage (atomic); stage keys, hashes, versions
-    .lock                pid of the process that owns the folder while it runs
-    calibrate/           calibration.safetensors (token ids) + calibration.json
-    quantize/            the compressed checkpoint as the engine saved it
-    export/              the vLLM-loadable checkpoint + recipe.yaml + manifest.json
-    eval/                eval.json + eval.md
-    gate/                gate.json + gate.md
-
-A stage's folder is built under a temporary name and renamed into place only when complete,
-so a crash never leaves a folder that looks finished; the manifest entry that marks a stage
-done is written after the rename and lists the sha256 of every file in it.
-"""
+"""Atomic writes and hashes of the files a run writes (the layout: quantize.run.manifest)."""
 
 from __future__ import annotations
 
@@ -29,9 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from quantize.errors import ExportError, LockedError
+from quantize.errors import ExportError
 
-MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 
 
@@ -233,82 +217,3 @@ def check_tree(folder: Path, expected: dict[str, str], what: str) -> None:
         if sha256_file(folder / rel) != digest:
             raise ExportError(f"{what}: {folder / rel} does not match its recorded sha256 "
                               "(changed or truncated); delete it and re-run")
-
-
-# --- manifest ------------------------------------------------------------------------------
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / MANIFEST
-    if not path.exists():
-        return {"schema": 1, "stages": {}}
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ExportError(f"{path} is corrupt; delete the run folder and re-run") from None
-    data.setdefault("stages", {})
-    return data
-
-
-def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
-    atomic_write_json(run_dir / MANIFEST, manifest)
-
-
-# --- lock --------------------------------------------------------------------------------
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def private_dir(path: Path) -> None:
-    """Create `path` (or tighten it) with user-only permissions (0o700): for folders that
-    hold what was fetched or published with the user's Hub token."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
-
-
-@contextlib.contextmanager
-def run_lock(run_dir: Path, *, private: bool = False) -> Iterator[None]:
-    """Own the run folder: a `.lock` file holding our pid, created exclusively.
-
-    A second live process is refused; a lock left by a dead process is cleared. `private`
-    makes the folder user-only (0o700). A folder this call created is removed again when the
-    run wrote nothing into it (a refused input leaves no empty run folder behind).
-    """
-    created = not run_dir.exists()
-    if private:
-        private_dir(run_dir)
-    else:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    lock = run_dir / ".lock"
-    for _ in range(3):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text().strip() or "0")
-            except (OSError, ValueError):
-                pid = 0
-            if pid and pid != os.getpid() and _pid_alive(pid):
-                raise LockedError(
-                    f"{run_dir} is in use by process {pid}; wait for it to finish or use "
-                    "another --out folder") from None
-            with contextlib.suppress(FileNotFoundError):
-                lock.unlink()  # stale: its owner is gone
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        break
-    else:
-        raise LockedError(f"could not take the lock {lock}; remove it if no run is active")
-    try:
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            lock.unlink()
-        if created:
-            with contextlib.suppress(OSError):
-                run_dir.rmdir()  # only succeeds when empty

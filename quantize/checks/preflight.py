@@ -8,7 +8,8 @@ from typing import Any
 
 from quantize.errors import PreflightError, QuantizeError, first_line
 from quantize.progress import info
-from quantize.recipe import SCHEMES, Override, Recipe
+from quantize.spec.recipe import Override, Recipe
+from quantize.spec.schemes import SCHEMES
 
 _AUTO_CANDIDATES = (128, 64, 32, 16)
 PRESET_GROUP_SIZE = 128  # compressed-tensors' preset default for grouped schemes (W4A16...)
@@ -302,7 +303,7 @@ def check_tensor_parallel(config: dict[str, Any], model: Any, schemes: list[Laye
 def _vllm_registry_text() -> tuple[str, str] | None:
     """(vLLM version, its model registry source) from the vLLM environment, read as text so
     that pre-flight stays fast and works without importing vLLM."""
-    from quantize.capabilities import find_vllm_python
+    from quantize.vllm.support import find_vllm_python
 
     try:
         python = find_vllm_python()

@@ -41,7 +41,7 @@ from typing import Any
 
 from quantize.errors import VerifyError
 
-WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
+WORKER = Path(__file__).resolve().parent / "worker.py"
 DEFAULT_VLLM_VENV = ".venv-vllm"
 PROBE_TIMEOUT_S = 180
 
@@ -181,7 +181,7 @@ def cpu_flags() -> list[str]:
 def find_vllm_python(explicit: str | Path | None = None) -> Path | None:
     """--vllm-python, else $QUANTIZE_VLLM_PYTHON, else .venv-vllm/ in the project checkout or
     the current folder."""
-    from quantize.recipe import PROJECT_ROOT
+    from quantize.spec.recipe import PROJECT_ROOT
 
     given = explicit or os.environ.get("QUANTIZE_VLLM_PYTHON")
     if given:
@@ -257,7 +257,7 @@ def last_error_line(log_path: Path) -> str:
 
 
 def _probe_cache_path(python: Path) -> Path:
-    from quantize.models import cache_root
+    from quantize.model.source import cache_root
 
     st = python.resolve().stat()
     site = sorted(python.resolve().parent.parent.glob("lib/python*/site-packages/vllm*"))
@@ -291,7 +291,7 @@ def detect(vllm_python: str | Path | None = None, *, workdir: Path | None = None
     host = Host(str(python), res.get("vllm_version"),
                 "cuda" if res.get("gpus") else "cpu", res.get("isa", {}), res.get("ops", {}),
                 [g["capability"] for g in res.get("gpus", [])], flags)
-    from quantize.artifacts import atomic_write_json
+    from quantize.run.files import atomic_write_json
 
     atomic_write_json(cache, host.to_dict())
     return host

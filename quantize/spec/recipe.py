@@ -16,11 +16,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quantize.errors import RecipeError
-from quantize.yamlio import parse_model, read_text
-
-# Where recipes/, calibration/ and eval/ live: the project checkout (editable install), or
-# QUANTIZE_HOME for a relocated copy.
-PROJECT_ROOT = Path(os.environ.get("QUANTIZE_HOME", Path(__file__).resolve().parent.parent))
+from quantize.spec.paths import PROJECT_ROOT, contained
+from quantize.spec.schemes import SCHEMES, SchemeName
+from quantize.spec.yamlio import parse_model, read_text
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 
@@ -29,37 +27,6 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# --- schemes ---------------------------------------------------------------------------
-# compressed-tensors preset names this project supports. `group` marks schemes whose
-# weights are quantized in groups along the input dimension (group_size applies).
-class SchemeInfo(Strict):
-    weight_bits: int
-    weight_type: Literal["int", "float"]
-    symmetric: bool
-    group: bool
-    activations: Literal["none", "int8-dynamic", "fp8-dynamic", "fp8-static"]
-
-
-SCHEMES: dict[str, SchemeInfo] = {
-    "W4A16": SchemeInfo(weight_bits=4, weight_type="int", symmetric=True, group=True,
-                        activations="none"),
-    "W4A16_ASYM": SchemeInfo(weight_bits=4, weight_type="int", symmetric=False, group=True,
-                             activations="none"),
-    "W3A16": SchemeInfo(weight_bits=3, weight_type="int", symmetric=True, group=True,
-                        activations="none"),
-    "W2A16": SchemeInfo(weight_bits=2, weight_type="int", symmetric=True, group=True,
-                        activations="none"),
-    "W8A16": SchemeInfo(weight_bits=8, weight_type="int", symmetric=True, group=True,
-                        activations="none"),
-    "W8A8": SchemeInfo(weight_bits=8, weight_type="int", symmetric=True, group=False,
-                       activations="int8-dynamic"),
-    "FP8_DYNAMIC": SchemeInfo(weight_bits=8, weight_type="float", symmetric=True, group=False,
-                              activations="fp8-dynamic"),
-    "FP8": SchemeInfo(weight_bits=8, weight_type="float", symmetric=True, group=False,
-                      activations="fp8-static"),
-}
-SchemeName = Literal["W4A16", "W4A16_ASYM", "W3A16", "W2A16", "W8A16", "W8A8", "FP8_DYNAMIC",
-                     "FP8"]
 GroupSize = Annotated[int, Field(ge=8, le=4096)] | Literal["auto"]
 
 
@@ -239,7 +206,9 @@ class Recipe(Strict):
             raise ValueError(f"{sorted(set(self.targets) & set(self.ignore))} is both targeted "
                              "and ignored; remove it from one list")
         if self.backend != "llmcompressor":
-            _check_engine(self)
+            from quantize.spec.engines import check_recipe
+
+            check_recipe(self)
         return self
 
     @property
@@ -249,51 +218,6 @@ class Recipe(Strict):
         data_free = (self.method == "rtn" and info.activations != "fp8-static"
                      and self.kv_cache is None and self.smoothquant is None)
         return not data_free
-
-
-# --- engines other than llm-compressor --------------------------------------------------
-# What each engine makes that vLLM then loads, per method. vLLM 0.32 loads native GPTQ only
-# symmetric, 4 or 8 bits (layers/quantization/auto_gptq.py TYPE_MAP), and native AWQ only
-# 4-bit (auto_awq.py TYPE_MAP), with Marlin on a GPU only when it has zero points
-# (utils/marlin_utils.py: AWQ-style uint4 needs a runtime zero point): so AWQ is asymmetric.
-ENGINE_SCHEMES: dict[str, dict[str, tuple[str, ...]]] = {
-    "gptqmodel": {"gptq": ("W4A16", "W8A16"), "awq": ("W4A16_ASYM",)},
-    "autoawq": {"awq": ("W4A16_ASYM",)},
-}
-_WHY_SCHEME = {"gptq": "vLLM loads native GPTQ only symmetric with 4 or 8 bits",
-               "awq": "vLLM's AWQ Marlin kernel needs 4-bit weights with zero points"}
-
-
-def _check_engine(r: Recipe) -> None:
-    """The recipe asks only for what the chosen engine does (and vLLM then loads)."""
-    methods = ENGINE_SCHEMES[r.backend]
-    fix = "or set backend: llmcompressor"
-    if r.method not in methods:
-        raise ValueError(f"backend {r.backend} runs method {'/'.join(methods)} only, not "
-                         f"{r.method}; change the method {fix}")
-    schemes = methods[r.method]
-    if r.scheme not in schemes:
-        raise ValueError(f"backend {r.backend}: {_WHY_SCHEME[r.method]}; use scheme "
-                         f"{' or '.join(schemes)} for method {r.method} {fix}")
-    for name in ("overrides", "smoothquant", "kv_cache"):
-        if getattr(r, name):
-            raise ValueError(f"`{name}` is supported on backend llmcompressor only; remove "
-                             f"it {fix}")
-    if r.targets != ["Linear"] or r.ignore != ["lm_head"]:
-        raise ValueError(f"backend {r.backend} quantizes every Linear of the decoder layers "
-                         f"and never lm_head; use targets: [Linear] and ignore: [lm_head] {fix}")
-    if r.gptq is not None and r.gptq.block_size != 128:
-        raise ValueError("gptqmodel's GPTQ block size is fixed at 128; remove gptq.block_size "
-                         f"{fix}")
-    if r.awq is not None and r.awq.n_grid != 20:
-        raise ValueError(f"{r.backend}'s AWQ scale search uses a fixed grid of 20; remove "
-                         f"awq.n_grid {fix}")
-    if r.awq is not None and r.awq.duo_scaling is not True and r.backend == "gptqmodel":
-        raise ValueError(f"gptqmodel's AWQ always uses duo scaling; set awq.duo_scaling: true "
-                         f"{fix}")
-    if r.awq is not None and r.awq.duo_scaling == "both":
-        raise ValueError(f"{r.backend} cannot search both scalings; set awq.duo_scaling to true "
-                         f"or false {fix}")
 
 
 # --- loading -----------------------------------------------------------------------------
@@ -355,21 +279,10 @@ def load_suite(name_or_path: str) -> EvalSuite:
     for m in suite.metrics:
         if m.path is not None:
             inside = contained(folder, m.path, m.allow_external_path,
-                               f"eval suite {suite.name!r}: metric {m.name} path")
+                               f"eval suite {suite.name!r}: metric {m.name} path", str(folder))
             m = m.model_copy(update={"path": str(inside)})
         metrics.append(m)
     return suite.model_copy(update={"metrics": metrics})
-
-
-def contained(base: Path, raw: str, allowed: bool, what: str) -> Path:
-    """`raw` resolved against `base`; an absolute path or one leaving `base` (`..`, symlinks)
-    is refused unless `allowed`."""
-    p = Path(raw).expanduser()
-    path = (p if p.is_absolute() else base / p).resolve()
-    if not allowed and (p.is_absolute() or not path.is_relative_to(base.resolve())):
-        raise RecipeError(f"{what} {raw!r} leaves {base}; use a path inside that folder or "
-                          "set allow_external_path: true")
-    return path
 
 
 def apply_thresholds(suite: EvalSuite, ref: EvalRef) -> EvalSuite:

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from quantize.artifacts import atomic_write_text
 from quantize.errors import QuantizeError
+from quantize.run.files import atomic_write_text
 
 
 def _load(run_dir: Path) -> dict[str, Any]:

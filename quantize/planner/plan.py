@@ -36,12 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import PreflightError, QuantizeError, first_line
-from quantize.gpus import Gpu, PlanError
-from quantize.recipe import SCHEMES, Recipe
+from quantize.planner.gpus import Gpu, PlanError
+from quantize.spec.paths import DATA_DIR
+from quantize.spec.recipe import Recipe
+from quantize.spec.schemes import SCHEMES
 
 GIB = 1 << 30
 BLOCK = 16  # vLLM's default KV block size (tokens)
-DATA = Path(__file__).resolve().parent / "data"
+DATA = DATA_DIR
 CONFIGS = DATA / "model_configs"
 TP_CANDIDATES = (1, 2, 4, 8)
 BASELINE = "none"
@@ -193,7 +195,7 @@ def find_runs(runs_dir: Path, name: str, spec: str) -> list[RunInfo]:
 def load_source(spec: str) -> ModelSource:
     """MODEL: a run folder, a local folder, `default`, a built-in config or a Hub id.
     Only config.json is read; no weights."""
-    from quantize.models import DEFAULT_MODEL, DEFAULT_NAME
+    from quantize.model.source import DEFAULT_MODEL, DEFAULT_NAME
 
     path = Path(spec).expanduser()
     if path.is_dir() and (path / "manifest.json").is_file() and (path / "export").is_dir():
@@ -206,7 +208,7 @@ def load_source(spec: str) -> ModelSource:
         return ModelSource(spec, path.resolve().name, f"folder:{path}", _clean(_read_json(cfg)),
                            str(path))
     if spec == DEFAULT_MODEL:
-        from quantize.models import resolve_model
+        from quantize.model.source import resolve_model
 
         ref = resolve_model(None)
         return ModelSource(spec, DEFAULT_NAME, "default", _clean(ref.config), str(ref.path))
@@ -450,8 +452,8 @@ def _experts_bytes(pname: str, shape: tuple[int, ...], fmt: WeightFormat, dtype_
 
 @functools.lru_cache(maxsize=8)
 def _meta(config_json: str) -> Any:
-    from quantize.models import check_architecture
-    from quantize.preflight import meta_model
+    from quantize.checks.preflight import meta_model
+    from quantize.model.source import check_architecture
 
     config = json.loads(config_json)
     try:
@@ -473,7 +475,7 @@ def recipe_layers(model: Any, recipe: Recipe, group: int | None) -> LayerPlan:
     """The recipe's per-layer formats, matched exactly as compressed-tensors matches them."""
     from compressed_tensors.utils import is_match
 
-    from quantize.preflight import override_group_size, targeted_layers
+    from quantize.checks.preflight import override_group_size, targeted_layers
 
     actorder = recipe.gptq.actorder if recipe.gptq else None
     main = format_for(recipe.scheme, group, actorder)
@@ -495,7 +497,7 @@ def recipe_layers(model: Any, recipe: Recipe, group: int | None) -> LayerPlan:
 def published_layers(model: Any, qc: dict[str, Any]) -> tuple[LayerPlan, str]:
     """The format of a pre-quantized checkpoint's quantization_config (compressed-tensors or
     fp8 block), so its baseline row shows the weights as published."""
-    from quantize.preflight import targeted_layers
+    from quantize.checks.preflight import targeted_layers
 
     method = qc.get("quant_method")
     if method == "fp8":
@@ -757,7 +759,7 @@ def _row_dict(row: Row) -> dict[str, Any]:
 
 
 def _recipe_list(names: Iterable[str]) -> list[str]:
-    from quantize.recipe import available
+    from quantize.spec.recipe import available
 
     out: list[str] = []
     for name in names:
@@ -770,7 +772,7 @@ def _recipe_list(names: Iterable[str]) -> list[str]:
 
 
 def make_plan(req: PlanRequest) -> Plan:
-    from quantize.recipe import load_recipe
+    from quantize.spec.recipe import load_recipe
 
     if req.profile not in PROFILES:
         raise PlanError(f"unknown vLLM profile {req.profile!r}; known: {', '.join(PROFILES)}")
@@ -804,7 +806,7 @@ def predict(model: str, gpu: Gpu, *, tp: int = 1, util: float = 0.9, context: in
             recipe: Recipe | None = None, profile: str = DEFAULT_PROFILE) -> Memory:
     """One vLLM start-up predicted: the numbers behind `GPU KV cache size: N tokens`.
     batched/seqs default to `vllm serve`'s defaults for the GPU."""
-    from quantize.preflight import resolve_group_size, targeted_layers
+    from quantize.checks.preflight import resolve_group_size, targeted_layers
 
     source = load_source(model)
     mdl = meta(source.config)
@@ -897,7 +899,7 @@ class _Ctx:
 
     def _group(self, recipe: Recipe) -> int | None:
         """The recipe's resolved group size; PreflightError when it does not apply."""
-        from quantize.preflight import resolve_group_size, targeted_layers
+        from quantize.checks.preflight import resolve_group_size, targeted_layers
 
         layers = targeted_layers(self.model, recipe.targets, recipe.ignore)
         if not layers:

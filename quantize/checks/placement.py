@@ -1,6 +1,6 @@
 """Where the weights live while llm-compressor calibrates, and how to load them that way.
 
-quantize.resources picks the GPU tier from its estimate (resident: the whole model on the
+quantize.checks.resources picks the GPU tier from its estimate (resident: the whole model on the
 GPU; onload / onload+offload: weights in host memory, llm-compressor's sequential pipeline
 onloads one decoder layer at a time). This module adds the host tier under it:
 
@@ -58,7 +58,7 @@ class HostPlan:
 def choose_host(need: int, weights: int, free: int, disk_free: int) -> HostPlan:
     """RAM when the whole need fits in `free`; else the weights that do not fit go to disk.
 
-    `need` is the host RAM estimate with every weight in RAM (quantize.resources), `weights`
+    `need` is the host RAM estimate with every weight in RAM (quantize.checks.resources), `weights`
     the weights' share of it, `free` the RAM available (with several processes: the smaller of
     free RAM and free shared memory, where compressed-tensors puts the one shared copy).
     """

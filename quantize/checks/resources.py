@@ -32,7 +32,7 @@ from typing import Any
 
 from quantize.errors import QuantizeError
 from quantize.progress import info
-from quantize.recipe import Recipe
+from quantize.spec.recipe import Recipe
 
 GiB = 2**30
 # Host RAM: calibration keeps the model, a second copy during save/compression and the
@@ -73,7 +73,7 @@ def _decoder_layers(model: Any) -> tuple[str, list[Any]]:
 
 def model_size(model: Any, recipe: Recipe) -> ModelSize:
     """Sizes of the meta model pre-flight built (passed in, never rebuilt)."""
-    from quantize.preflight import targeted_layers
+    from quantize.checks.preflight import targeted_layers
 
     params = sum(p.numel() for p in model.parameters())
     prefix, layers = _decoder_layers(model)
@@ -217,12 +217,12 @@ def check_memory(meta: Any, recipe: Recipe, config: dict[str, Any], device: str,
     """Host RAM always; GPU memory on cuda. Returns the facts recorded in the manifest
     (with `gpu_placement` on a GPU: resident, onload or onload+offload). With `offload_dir`,
     short host RAM sends the weights that do not fit to disk instead of refusing
-    (quantize.placement: `host_tier` ram or disk); `samples` are one process's share."""
+    (quantize.checks.placement: `host_tier` ram or disk); `samples` are one process's share."""
     size = model_size(meta, recipe)
     if offload_dir is None:
         facts: dict[str, Any] = dict(check_host_memory(size.params, device))
     else:
-        from quantize.placement import host_plan
+        from quantize.checks.placement import host_plan
 
         weights = size.params * (4 if device == "cpu" else dtype_bytes(config))
         facts = host_plan(estimate_host_bytes(size.params, device), weights,

@@ -1,0 +1,196 @@
+"""The one reader of a model's config.json: the file, its dtype and its shape.
+
+Every module that needs a fact of config.json asks here: `read_config` opens the file (the
+only place that does), `config_dtype` names its dtype, `dtype_bytes` / `serving_dtype_bytes`
+answer the two different byte questions (what the checkpoint stores, what vLLM serves), and
+`model_shape` reads the architecture (GQA/MQA/MLA, sliding windows, MoE) through
+transformers' own config class, so defaults and multimodal `text_config`s are resolved as
+transformers resolves them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quantize.errors import ModelError
+
+CONFIG = "config.json"
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
+                "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
+_SERVED = ("bfloat16", "float16", "float32")
+
+
+def config_path(folder: Path) -> Path:
+    return folder / CONFIG
+
+
+def read_config(folder: Path, *, error: type[Exception] = ModelError) -> dict[str, Any]:
+    """config.json of a model or checkpoint folder as a dict; `error` (a QuantizeError
+    class) names what is wrong when the file is missing or not a JSON object."""
+    path = folder / CONFIG
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise error(f"{folder} has no {CONFIG}; point at the folder that holds config.json "
+                    "and the weights") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{path}: cannot read JSON ({exc}); fix or re-download it") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: expected a JSON object")
+    return data
+
+
+def write_config(folder: Path, config: dict[str, Any]) -> None:
+    """config.json written atomically (exports and converted models)."""
+    from quantize.run.files import atomic_write_text
+
+    atomic_write_text(folder / CONFIG, json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def config_dtype(config: dict[str, Any]) -> str | None:
+    """The checkpoint's dtype name (`bfloat16`, `float16`, ...): transformers 5 writes
+    `dtype`, older versions `torch_dtype`; None when the config names none."""
+    value = config.get("dtype") or config.get("torch_dtype")
+    return str(value).removeprefix("torch.") if value else None
+
+
+def dtype_bytes(name: str | None) -> int | None:
+    """Bytes per element of a dtype name; None for an unknown name."""
+    return _DTYPE_BYTES.get(str(name).removeprefix("torch.")) if name else None
+
+
+def weight_bytes(config: dict[str, Any]) -> int:
+    """Bytes per weight as the checkpoint stores them (fp32 checkpoints stay fp32; bf16 when
+    the config names no dtype): what loading it for calibration costs."""
+    return 4 if (config_dtype(config) or "bfloat16") in ("float32", "float") else 2
+
+
+def serving_dtype_bytes(config: dict[str, Any], *, error: type[Exception] = ModelError) -> int:
+    """Bytes per unquantized weight and KV element in vLLM: dtype=auto serves bf16/fp16
+    checkpoints as they are and fp32 ones (e.g. gemma-2) in 16 bits, so always 2; a dtype
+    that is not a float checkpoint dtype is refused."""
+    name = config_dtype(config) or "bfloat16"
+    if name not in _SERVED:
+        raise error(f"config.json dtype {name!r} is not bfloat16/float16/float32; plan from the "
+                    "unquantized model's config")
+    return 2
+
+
+def torch_dtype(config: dict[str, Any], *, allow_fp32: bool = False) -> Any:
+    """The torch dtype to load the checkpoint in: its own 16-bit dtype, bf16 when it names
+    none (or fp32, unless `allow_fp32`)."""
+    import torch
+
+    allowed = (torch.float16, torch.bfloat16) + ((torch.float32,) if allow_fp32 else ())
+    dtype = getattr(torch, config_dtype(config) or "bfloat16", None)
+    return dtype if dtype in allowed else torch.bfloat16
+
+
+# --- the architecture -----------------------------------------------------------------------
+def hf_config(config: dict[str, Any]) -> Any:
+    """transformers' config object for this config.json (no weights, no remote code)."""
+    return _hf_config(json.dumps(config, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=16)
+def _hf_config(config_json: str) -> Any:
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in json.loads(config_json).items() if k != "quantization_config"}
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the memory models (planner, card, resource check) need from config.json."""
+
+    model_type: str
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_position: int | None
+    dtype_bytes: int
+    layer_kinds: tuple[str, ...]  # "full" | "sliding" per decoder layer
+    sliding_window: int | None
+    mla_latent: int  # kv_lora_rank + qk_rope_head_dim; 0 when not MLA
+    experts: int
+    experts_per_token: int
+    moe_intermediate: int
+    shared_intermediate: int
+    dense_mlp_layers: int  # MoE models whose first layers keep a dense MLP (DeepSeek)
+
+    @property
+    def attention(self) -> str:
+        if self.mla_latent:
+            return "MLA"
+        if self.kv_heads == self.heads:
+            return "MHA"
+        return "MQA" if self.kv_heads == 1 else "GQA"
+
+    def kv_heads_per_rank(self, tp: int) -> int:
+        # vLLM splits KV heads over ranks and replicates them when there are fewer than ranks
+        return max(1, self.kv_heads // tp)
+
+
+def model_shape(config: dict[str, Any], hf: Any = None, *,
+                error: type[Exception] = ModelError) -> Shape:
+    """The architecture of `config` (`hf`: its transformers config when already built)."""
+    c = hf if hf is not None else hf_config(config)
+    text = getattr(c, "text_config", None) or c
+    hidden = int(text.hidden_size)
+    heads = int(text.num_attention_heads)
+    kv = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+    layers = int(text.num_hidden_layers)
+    window = getattr(text, "sliding_window", None)
+    kinds = _layer_kinds(text, layers, window)
+    mla = 0
+    if getattr(text, "kv_lora_rank", None):
+        mla = int(text.kv_lora_rank) + int(getattr(text, "qk_rope_head_dim", 0) or 0)
+    experts = int(getattr(text, "num_local_experts", None) or getattr(text, "num_experts", None)
+                  or getattr(text, "n_routed_experts", None) or 0)
+    moe_inter = int(getattr(text, "moe_intermediate_size", None) or
+                    (text.intermediate_size if experts else 0) or 0)
+    shared = int(getattr(text, "shared_expert_intermediate_size", None) or 0)
+    if not shared and getattr(text, "n_shared_experts", None):
+        shared = int(text.n_shared_experts) * moe_inter
+    return Shape(
+        model_type=str(config.get("model_type", "")), hidden=hidden,
+        intermediate=int(getattr(text, "intermediate_size", 0) or 0), layers=layers, heads=heads,
+        kv_heads=kv, head_dim=head_dim, vocab=int(text.vocab_size),
+        max_position=getattr(text, "max_position_embeddings", None),
+        dtype_bytes=serving_dtype_bytes(config, error=error), layer_kinds=kinds,
+        sliding_window=int(window) if window and "sliding" in kinds else None,
+        mla_latent=mla, experts=experts,
+        experts_per_token=int(getattr(text, "num_experts_per_tok", 0) or 0),
+        moe_intermediate=moe_inter if experts else 0, shared_intermediate=shared,
+        dense_mlp_layers=int(getattr(text, "first_k_dense_replace", 0) or 0)
+        + len(getattr(text, "mlp_only_layers", None) or []))
+
+
+def _layer_kinds(c: Any, layers: int, window: Any) -> tuple[str, ...]:
+    types = getattr(c, "layer_types", None)
+    if types:
+        return tuple("sliding" if "sliding" in str(t) else "full" for t in types[:layers])
+    if window and getattr(c, "use_sliding_window", True) is not False:
+        return ("sliding",) * layers  # e.g. Mistral-7B-v0.1: every layer has the window
+    return ("full",) * layers
+
+
+def head_dim(config: dict[str, Any]) -> int | None:
+    """The attention head size from the raw config (no transformers): for checks that must
+    work on any checkpoint's config."""
+    text = config.get("text_config") or config
+    if text.get("head_dim"):
+        return int(text["head_dim"])
+    if text.get("hidden_size") and text.get("num_attention_heads"):
+        return int(text["hidden_size"]) // int(text["num_attention_heads"])
+    return None

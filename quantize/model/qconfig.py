@@ -1,0 +1,200 @@
+"""The one reader of a checkpoint's `quantization_config` (config.json).
+
+Three families reach this project: compressed-tensors (llm-compressor's exports: config
+groups of weight / input-activation arguments, an ignore list, an optional
+`kv_cache_scheme`), native GPTQ / AWQ (GPTQModel's and AutoAWQ's keys: bits, group_size,
+sym / zero_point, checkpoint_format) and block FP8 (`quant_method: fp8`, published
+DeepSeek-style checkpoints the planner sizes). `read_quant_config` turns any of them into
+one typed `QuantConfig`; verify, eval, export, the planner, the support check and the card
+read that, never the raw keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from quantize.errors import QuantizeError
+from quantize.spec.schemes import SCHEMES, Scheme
+
+NATIVE_METHODS = ("gptq", "awq")
+KNOWN_METHODS = ("compressed-tensors", *NATIVE_METHODS, "fp8")
+
+
+@dataclass(frozen=True)
+class Args:
+    """Quantization arguments of weights or input activations (compressed-tensors names)."""
+
+    num_bits: int
+    type: str = "int"  # int | float
+    symmetric: bool = True
+    strategy: str | None = None  # channel | group | tensor | token | block
+    group_size: int | None = None
+    dynamic: bool = False
+    actorder: str | None = None
+    block_structure: tuple[int, ...] | None = None
+
+    @classmethod
+    def read(cls, d: dict[str, Any] | None) -> Args | None:
+        if not d:
+            return None
+        block = d.get("block_structure")
+        return cls(int(d.get("num_bits") or 0), str(d.get("type") or "int"),
+                   bool(d.get("symmetric", True)), d.get("strategy"), d.get("group_size"),
+                   bool(d.get("dynamic", False)), d.get("actorder"),
+                   tuple(int(x) for x in block) if block else None)
+
+    def where(self) -> str:
+        if self.strategy == "group":
+            return f"groups of {self.group_size} along the input dimension"
+        return {"channel": "per output channel", "tensor": "per tensor", "token": "per token",
+                "block": f"blocks of {list(self.block_structure or ())}"}.get(
+                    str(self.strategy), str(self.strategy))
+
+
+@dataclass(frozen=True)
+class Group:
+    """One config group: the layers it targets and how their weights/activations are held."""
+
+    name: str
+    targets: tuple[str, ...]
+    weights: Args | None
+    activations: Args | None
+    format: str | None  # pack-quantized | int-quantized | float-quantized | ...
+
+    @property
+    def kernel(self) -> str:
+        """The vLLM kernel family (quantize.spec.schemes.KERNELS) these layers need."""
+        w, a = self.weights, self.activations
+        if w is None:
+            return "dense"
+        if w.type == "float" and w.num_bits == 8:
+            return "fp8-weight-only" if a is None else "fp8-w8a8"
+        if a is None:
+            return "int-weight-only" if w.type == "int" else "other"
+        if w.type == "int" and w.num_bits == 8 and a.num_bits == 8 and a.type == "int":
+            return "int8-w8a8"
+        return "other"
+
+    @property
+    def scheme(self) -> Scheme | None:
+        """The scheme-table entry this group is, when it is one of ours."""
+        w, a = self.weights, self.activations
+        if w is None:
+            return None
+        for s in SCHEMES.values():
+            act = "none" if a is None else (
+                f"{a.type}{a.num_bits}-{'dynamic' if a.dynamic else 'static'}"
+                .replace("float8", "fp8"))
+            if (s.weight_bits == w.num_bits and s.weight_type == w.type
+                    and s.symmetric == w.symmetric and s.group == (w.strategy == "group")
+                    and s.activations == act):
+                return s
+        return None
+
+    def describe(self) -> str:
+        """One sentence from what the checkpoint holds."""
+        w, a = self.weights, self.activations
+        if w is None:
+            return "unquantized"
+        kind = "integer" if w.type == "int" else "float"
+        sym = "symmetric" if w.symmetric else "asymmetric"
+        text = f"{w.num_bits}-bit {kind} weights ({sym}, {w.where()})"
+        if a is None:
+            return text + ", 16-bit activations"
+        akind = "integer" if a.type == "int" else "float"
+        how = "dynamic, computed at run time" if a.dynamic else "static, calibrated scales"
+        return text + f", {a.num_bits}-bit {akind} activations ({a.where()}, {how})"
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    method: str  # compressed-tensors | gptq | awq | fp8
+    groups: tuple[Group, ...]
+    ignore: tuple[str, ...] = ()
+    kv_cache: Args | None = None
+    format: str | None = None
+    native_version: str | None = None  # gptq checkpoint_format / awq version
+    quantizer: tuple[str, ...] = ()  # meta.quantizer stamps ("gptqmodel:7.6.0", ...)
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def native(self) -> bool:
+        return self.method in NATIVE_METHODS
+
+    @property
+    def kv_cache_fp8(self) -> bool:
+        return self.kv_cache is not None and self.kv_cache.type == "float"
+
+    @property
+    def weight_bits(self) -> int | None:
+        bits = [g.weights.num_bits for g in self.groups if g.weights]
+        return min(bits) if bits else None
+
+    @property
+    def format_name(self) -> str:
+        if self.native:
+            return f"native {self.method.upper()} ({self.native_version or self.format})"
+        return self.method
+
+    def describe(self) -> list[str]:
+        return [g.describe() for g in self.groups]
+
+
+def _native(qc: dict[str, Any]) -> QuantConfig:
+    """GPTQModel's and AutoAWQ's keys: bits / w_bit, group_size / q_group_size, sym for GPTQ,
+    zero_point for AWQ (a zero point = asymmetric)."""
+    method = str(qc["quant_method"])
+    bits = int(qc.get("bits") or qc.get("w_bit") or 0)
+    gs = int(qc.get("group_size") or qc.get("q_group_size") or -1)
+    sym = bool(qc.get("sym", True)) if method == "gptq" else not qc.get("zero_point", True)
+    w = Args(bits, "int", sym, "group" if gs > 0 else "channel", gs if gs > 0 else None,
+             actorder="static" if qc.get("desc_act") else None)
+    version = qc.get("checkpoint_format") or qc.get("format") or qc.get("version")
+    stamp = tuple(str(q) for q in ((qc.get("meta") or {}).get("quantizer") or []))
+    return QuantConfig(method, (Group("native", ("Linear",), w, None, None),),
+                       tuple(qc.get("modules_to_not_convert") or ()), None,
+                       qc.get("format"), str(version) if version else None, stamp, qc)
+
+
+def _fp8_block(qc: dict[str, Any]) -> QuantConfig:
+    block = tuple(int(x) for x in (qc.get("weight_block_size") or (128, 128)))
+    w = Args(8, "float", True, "block", None, block_structure=block)
+    a = Args(8, "float", True, "group", 128, dynamic=qc.get("activation_scheme") == "dynamic")
+    return QuantConfig("fp8", (Group("fp8", ("Linear",), w, a, "float-quantized"),),
+                       ("lm_head", *(qc.get("modules_to_not_convert") or ())), raw=qc)
+
+
+def parse(qc: dict[str, Any], *, error: type[Exception] = QuantizeError) -> QuantConfig:
+    """A raw quantization_config dict as a QuantConfig; `error` for an unknown method."""
+    method = qc.get("quant_method")
+    if method in NATIVE_METHODS:
+        return _native(qc)
+    if method == "fp8":
+        return _fp8_block(qc)
+    if method != "compressed-tensors":
+        raise error(f"quantization_config.quant_method is {method!r}; this project reads "
+                    "compressed-tensors, native gptq/awq and fp8 checkpoints")
+    groups = tuple(
+        Group(name, tuple(g.get("targets") or ["Linear"]), Args.read(g.get("weights")),
+              Args.read(g.get("input_activations")), g.get("format") or qc.get("format"))
+        for name, g in (qc.get("config_groups") or {}).items())
+    return QuantConfig("compressed-tensors", groups, tuple(qc.get("ignore") or ()),
+                       Args.read(qc.get("kv_cache_scheme")), qc.get("format"), raw=qc)
+
+
+def read_quant_config(config: dict[str, Any], *,
+                      error: type[Exception] = QuantizeError) -> QuantConfig | None:
+    """The checkpoint's quantization_config, typed; None for an unquantized model."""
+    qc = config.get("quantization_config")
+    return parse(qc, error=error) if qc else None
+
+
+def quant_method(config: dict[str, Any]) -> str | None:
+    """`quantization_config.quant_method`, or None (without parsing the rest)."""
+    return (config.get("quantization_config") or {}).get("quant_method")
+
+
+def without_quant_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The config as the unquantized architecture (for building a meta model)."""
+    return {k: v for k, v in config.items() if k != "quantization_config"}

@@ -1,0 +1,114 @@
+"""Kernel-held locks: one owner per run folder, one writer per shared cache entry.
+
+The lock is `fcntl.flock` on a file: the kernel releases it when its owner exits, however it
+exits (SIGKILL included), so there is no stale lock to detect and clear, and no window in
+which two processes that both found a stale lock each take it (the defect of the earlier
+create-exclusive-then-write-pid lock: tests/unit/run/test_lock.py starts racing processes
+on a folder holding a stale lock and checks that no two are ever inside at once).
+
+Why not `filelock.FileLock`: it opens the lock file with O_TRUNC, so every refused
+contender would wipe the pid the owner wrote there, and the refusal could no longer say which
+process holds the folder. The owner's pid is written after the lock is taken, for messages
+and for people; it is never what decides ownership.
+
+The lock file of a run folder is removed on release, so that a folder whose run wrote
+nothing can be removed again. Removing a held lock file is safe only because a taker checks,
+after flock succeeds, that the path still names the inode it locked (else it retries on the
+new file): a process that opened the old file before it was unlinked never owns the folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from quantize.errors import LockedError
+
+LOCK_NAME = ".lock"
+
+
+def private_dir(path: Path) -> None:
+    """Create `path` (or tighten it) with user-only permissions (0o700): for folders that
+    hold what was fetched or published with the user's Hub token."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+
+
+def _holder(path: Path) -> str:
+    try:
+        pid = path.read_text().strip()
+    except OSError:
+        return "another process"
+    return f"process {pid}" if pid.isdigit() else "another process"
+
+
+def _take(path: Path, *, wait_s: float) -> int:
+    """An open fd of `path` holding an exclusive flock; LockedError after `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if time.monotonic() >= deadline:
+                raise LockedError(f"{path.parent} is in use by {_holder(path)}; wait for it to "
+                                  "finish or use another --out folder") from None
+            time.sleep(0.05)
+            continue
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)  # the file was removed (released) after we opened it: take the new one
+
+
+def _release(fd: int, path: Path, *, remove: bool) -> None:
+    if remove:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # while still held: a later taker's inode check sees the new file
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path, *, private: bool = False) -> Iterator[None]:
+    """Own the run folder for the duration; a second live process is refused at once.
+
+    `private` makes the folder user-only (0o700). A folder this call created is removed again
+    when the run wrote nothing into it (a refused input leaves no empty run folder behind).
+    """
+    created = not run_dir.exists()
+    if private:
+        private_dir(run_dir)
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_NAME
+    fd = _take(path, wait_s=0.0)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    try:
+        yield
+    finally:
+        _release(fd, path, remove=True)
+        if created:
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()  # only succeeds when empty
+
+
+@contextlib.contextmanager
+def entry_lock(path: Path, *, wait_s: float = 6 * 3600) -> Iterator[None]:
+    """Serialise writers of one shared cache entry (`path` is the entry's lock file): a
+    second process waits for the first, then finds the entry made. The file stays."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = _take(path, wait_s=wait_s)
+    try:
+        yield
+    finally:
+        _release(fd, path, remove=False)

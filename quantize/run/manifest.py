@@ -1,0 +1,167 @@
+"""The run folder, typed: what `manifest.json` holds and the one reader every command uses.
+
+Layout of a run folder (`runs/<model>-<recipe>/`):
+
+    manifest.json        written last by every stage (atomic); stage keys, hashes, versions
+    .lock                held (flock) by the process that owns the folder while it runs
+    calibrate/           calibration.safetensors (token ids) + calibration.json
+    quantize/            the compressed checkpoint as the engine saved it
+    export/              the vLLM-loadable checkpoint + recipe.yaml + manifest.json
+    eval/                eval.json + eval.md
+    gate/                gate.json + gate.md
+    verify/              verify.json + verify.md (a recorded stage: its key names the export)
+
+A stage's folder is built under a temporary name and renamed into place only when complete,
+so a crash never leaves a folder that looks finished; the manifest entry that marks a stage
+done is written after the rename and lists the sha256 of every file in it.
+
+Manifests are schema 1 since the first release; fields added later are optional, and unknown
+fields are kept (a newer manifest read by an older reader loses nothing on rewrite).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from quantize.errors import ExportError
+from quantize.run.files import atomic_write_json, check_tree
+
+MANIFEST = "manifest.json"
+SCHEMA = 1
+Json = Any  # a JSON value as stored (stage inputs and summaries are stage-specific)
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class ModelInfo(_Record):
+    source: str
+    path: str = ""
+    fingerprint: str | None = None
+
+
+class RecipeInfo(_Record):
+    name: str
+    ref: str | None = None
+    sha256: str = ""
+    trust_remote_code: bool = False
+
+
+class StageRecord(_Record):
+    """One finished stage: its key (sha256 of its inputs), the inputs themselves, timings,
+    the sha256 of every output file and the stage's own summary."""
+
+    key: str
+    inputs: dict[str, Json] = Field(default_factory=dict)
+    status: str = "done"
+    started: str = ""
+    ended: str = ""
+    duration_s: float = 0.0
+    outputs: dict[str, str] = Field(default_factory=dict)
+    summary: dict[str, Json] = Field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.status == "done"
+
+
+class Manifest(_Record):
+    schema_: int = Field(default=SCHEMA, alias="schema")
+    run: str | None = None
+    model: ModelInfo | None = None
+    recipe: RecipeInfo | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+    device: str | None = None
+    dataset: str | None = None
+    preflight: dict[str, Json] | None = None
+    stages: dict[str, StageRecord] = Field(default_factory=dict)
+    releasable: bool | None = None
+
+    def stage(self, name: str) -> StageRecord | None:
+        """The stage's record when it finished, else None."""
+        rec = self.stages.get(name)
+        return rec if rec is not None and rec.done else None
+
+    def to_json(self) -> dict[str, Json]:
+        data = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        return {"schema": SCHEMA, "stages": {}, **data}
+
+
+def read_manifest_file(path: Path) -> Manifest:
+    """A manifest file (a run's or an export's), or a one-line error saying how to re-run."""
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ExportError(f"{path} is corrupt; delete the run folder and re-run") from None
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        where = ".".join(str(x) for x in exc.errors()[0]["loc"])
+        raise ExportError(f"{path} is not a manifest this version reads ({where}: "
+                          f"{exc.errors()[0]['msg']}); re-run the pipeline into a new "
+                          "folder") from None
+
+
+class RunFolder:
+    """A run folder: its paths and its manifest. Every command reads runs through this."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / MANIFEST
+
+    def is_run(self) -> bool:
+        return self.manifest_path.is_file()
+
+    def stage_dir(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def export(self) -> Path:
+        return self.path / "export"
+
+    def read(self) -> Manifest:
+        """The manifest (an empty one when the folder has none yet)."""
+        if not self.manifest_path.exists():
+            return Manifest()
+        return read_manifest_file(self.manifest_path)
+
+    def write(self, manifest: Manifest) -> None:
+        atomic_write_json(self.manifest_path, manifest.to_json())
+
+    def require(self) -> Manifest:
+        """The manifest of a folder that must be a run folder."""
+        if not self.is_run():
+            from quantize.errors import QuantizeError
+
+            raise QuantizeError(f"{self.path} is not a run folder (no manifest.json); give the "
+                                "folder `quantize run` wrote, e.g. runs/<model>-<recipe>")
+        return self.read()
+
+    def verified_stage(self, manifest: Manifest, name: str) -> StageRecord | None:
+        """The stage's record when it finished and its files still hash to it, else None."""
+        rec = manifest.stage(name)
+        if rec is None:
+            return None
+        try:
+            check_tree(self.stage_dir(name), rec.outputs, name)
+        except ExportError:
+            return None
+        return rec
+
+
+# --- the dict view, for code that still builds the manifest as JSON ---------------------
+def read_manifest(run_dir: Path) -> dict[str, Json]:
+    """The run's manifest as JSON (validated through Manifest first)."""
+    return RunFolder(run_dir).read().to_json()
+
+
+def write_manifest(run_dir: Path, manifest: dict[str, Json]) -> None:
+    RunFolder(run_dir).write(Manifest.model_validate(manifest))

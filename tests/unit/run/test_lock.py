@@ -1,0 +1,98 @@
+"""The run lock is held by the kernel: a live owner refuses others, a dead one holds
+nothing, and processes racing for a folder with a stale lock never share it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from quantize.errors import LockedError
+from quantize.run.lock import entry_lock, run_lock
+
+_HOLD = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from quantize.run.lock import run_lock
+    with run_lock(Path(sys.argv[1])):
+        Path(sys.argv[2]).write_text("held")
+        time.sleep(30)
+""")
+
+
+def test_lock_refuses_a_live_owner_and_clears_a_dead_one(tmp_path: Path) -> None:
+    ready = tmp_path.parent / f"{tmp_path.name}.ready"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path), str(ready)])
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert holder.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(LockedError, match=f"in use by process {holder.pid}"), \
+                run_lock(tmp_path):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    # the owner was killed (-9): its lock file is still there, but nothing holds it
+    assert (tmp_path / ".lock").read_text() == str(holder.pid)
+    with run_lock(tmp_path):
+        assert (tmp_path / ".lock").read_text() == str(os.getpid())
+    assert not (tmp_path / ".lock").exists()
+
+
+_RACER = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from quantize.errors import LockedError
+    from quantize.run.lock import run_lock
+    run, log, go = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+    while time.time() < go:
+        pass
+    try:
+        with run_lock(run):
+            inside = run / "inside"
+            fd = os.open(inside, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # fails if shared
+            time.sleep(0.02)
+            os.close(fd)
+            os.unlink(inside)
+        print("owned")
+    except LockedError:
+        print("refused")
+    except FileExistsError:
+        print("SHARED")
+""")
+
+
+def test_racing_processes_never_share_a_folder_with_a_stale_lock(tmp_path: Path) -> None:
+    """The defect of the pid-file lock: several runs started together on a folder whose
+    owner was killed (-9) each cleared the stale lock and each took it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    rounds, racers, owned = 15, 6, 0
+    for _ in range(rounds):
+        (run / ".lock").write_text("999999")  # left by a run killed with -9
+        go = time.time() + 1.5  # after every interpreter has started
+        procs = [subprocess.Popen([sys.executable, "-c", _RACER, str(run), "-", str(go)],
+                                  stdout=subprocess.PIPE, text=True) for _ in range(racers)]
+        outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+        assert "SHARED" not in outs, outs
+        assert all(o in ("owned", "refused") for o in outs), outs
+        assert outs.count("owned") >= 1, outs
+        owned += outs.count("owned")
+    assert owned >= rounds
+
+
+def test_entry_lock_serialises_writers(tmp_path: Path) -> None:
+    lock = tmp_path / "entry.lock"
+    with entry_lock(lock), pytest.raises(LockedError):
+        with entry_lock(lock, wait_s=0.2):
+            pass
+    with entry_lock(lock, wait_s=0.2):
+        pass
+    assert lock.exists()  # a shared cache's lock file stays
