@@ -104,9 +104,12 @@ endif
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
 
+# ruff, mypy, and the package's shape (no import cycle, layers import downwards, no module
+# over 450 lines: tests/unit/test_architecture.py)
 quality: install
 	$(BIN)/ruff check quantize tests bench
 	$(BIN)/mypy quantize
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/test_architecture.py
 
 clean:
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache

@@ -110,8 +110,8 @@ TARGETS: list[tuple[str, str, str]] = [
     ("quantize.pipeline", "model_fingerprint", "q_model_hash"),
     # the main thread waiting for the background model hash (only what did not overlap)
     ("quantize.pipeline", "Pipeline.fingerprint", "q_model_hash"),
-    ("quantize.pipeline", "hash_tree", "q_hash_outputs"),
-    ("quantize.pipeline", "check_tree", "q_check_outputs"),
+    ("quantize.run.stage", "hash_tree", "q_hash_outputs"),
+    ("quantize.run.stage", "check_tree", "q_check_outputs"),
     ("quantize.pipeline", "write_manifest", "q_manifest"),
     ("quantize.pipeline", "check_architecture", "q_check_arch"),
     ("quantize.checks.preflight", "check", "q_preflight"),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import shutil
@@ -16,6 +15,9 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from quantize.model.config import read_config, torch_dtype, write_config
+from quantize.model.qconfig import NATIVE_METHODS  # noqa: F401 (verify imports it from here)
 
 # Files a checkpoint's tokenizer consists of; the engines rewrite them in their own way
 # (GPTQModel adds a pad token and renames the tokenizer class), so they are written afresh.
@@ -107,13 +109,9 @@ def cpu_workers() -> None:
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(2, default)))
 
 
-# Native checkpoint formats (config.json quantization_config.quant_method) and the extra that
-# lets transformers load them: it does so through GPTQModel's kernels (and optimum for GPTQ).
-NATIVE_METHODS = ("gptq", "awq")
-
-
 def require_loader(quant_method: str) -> None:
-    """Raise a clear error when transformers cannot load a native checkpoint here."""
+    """Raise a clear error when transformers cannot load a native checkpoint here: it loads
+    them through GPTQModel's kernels (and optimum for GPTQ)."""
     from quantize.errors import BackendUnavailable
 
     missing = [m for m in ("gptqmodel", "optimum") if importlib.util.find_spec(m) is None]
@@ -136,12 +134,7 @@ def native_load(quant_method: str) -> Iterator[None]:
 
 def source_dtype(path: Path) -> Any:
     """The checkpoint's 16-bit dtype (bfloat16 when config.json names none or fp32)."""
-    import torch
-
-    cfg = json.loads((path / "config.json").read_text())
-    name = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
-    dtype = getattr(torch, str(name), None)
-    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+    return torch_dtype(read_config(path))
 
 
 def finish(out: Path, source: Path, logs: Path, dtype: Any) -> dict[str, Any]:
@@ -162,12 +155,11 @@ def finish(out: Path, source: Path, logs: Path, dtype: Any) -> dict[str, Any]:
         shutil.copyfile(gen, out / "generation_config.json")
     else:  # the engine would invent one (GPTQModel sets do_sample: true)
         (out / "generation_config.json").unlink(missing_ok=True)
-    written = json.loads((out / "config.json").read_text())
-    qc: dict[str, Any] = written["quantization_config"]
-    config = json.loads((source / "config.json").read_text())
+    qc: dict[str, Any] = read_config(out)["quantization_config"]
+    config = read_config(source)
     config.pop("torch_dtype", None)
     config.update({"dtype": str(dtype).removeprefix("torch."), "quantization_config": qc})
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_config(out, config)
     return qc
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import json
 import os
 import warnings
 from pathlib import Path
@@ -28,6 +27,7 @@ from quantize.backends._native import (
     source_dtype,
 )
 from quantize.errors import NotImplementedFeature
+from quantize.model.config import read_config
 from quantize.spec.recipe import AWQOptions, Recipe
 from quantize.spec.schemes import SCHEMES
 
@@ -91,7 +91,7 @@ class AutoAWQBackend:
 
         check_job(job, self.name)
         quiet_imports()
-        check_model(json.loads((job.model_path / "config.json").read_text()))
+        check_model(read_config(job.model_path))
         require_packed_samples(job.samples, self.name)
         logs = out.parent / "logs"
         log = logs / "autoawq.log"

@@ -13,6 +13,7 @@ from typing import Any
 from quantize.backends import QuantizeJob
 from quantize.checks.preflight import override_group_size  # the one rule pre-flight checks too
 from quantize.errors import QuantizationError, first_line
+from quantize.model.config import read_config, torch_dtype
 from quantize.spec.recipe import AWQOptions, GPTQOptions, Recipe
 from quantize.spec.schemes import SCHEMES
 
@@ -106,7 +107,7 @@ def dtypes(job: QuantizeJob) -> tuple[Any, Any]:
     to the source dtype."""
     import torch
 
-    src_dtype = _source_dtype(job.model_path)
+    src_dtype = torch_dtype(read_config(job.model_path), allow_fp32=True)
     return src_dtype, torch.float32 if job.device == "cpu" else src_dtype
 
 
@@ -257,15 +258,6 @@ def _gpu_speedups(offload: bool = False) -> dict[str, Any]:
     return {"sequential_offload_device": "cpu" if offload else "cuda"}
 
 
-def _source_dtype(path: Path) -> Any:
-    import json
-
-    import torch
-
-    cfg = json.loads((path / "config.json").read_text())
-    name = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
-    dtype = getattr(torch, str(name), None)
-    return dtype if dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.bfloat16
 
 
 BACKEND = LLMCompressorBackend()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantize.errors import PreflightError, QuantizeError, first_line
+from quantize.model.qconfig import without_quant_config
 from quantize.progress import info
 from quantize.spec.recipe import Override, Recipe
 from quantize.spec.schemes import SCHEMES
@@ -26,7 +27,7 @@ def meta_model(config: dict[str, Any], *, trust_remote_code: bool = False) -> An
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg_dict = {k: v for k, v in config.items() if k != "quantization_config"}
+    cfg_dict = without_quant_config(config)
     model_type = cfg_dict.pop("model_type")
     cfg = AutoConfig.for_model(model_type, **cfg_dict)
     with torch.device("meta"):

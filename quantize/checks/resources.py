@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import QuantizeError
+from quantize.model.config import weight_bytes
 from quantize.progress import info
 from quantize.spec.recipe import Recipe
 
@@ -99,10 +100,6 @@ def model_size(model: Any, recipe: Recipe) -> ModelSize:
                      heads=int(getattr(text, "num_attention_heads", 0) or 0))
 
 
-def dtype_bytes(config: dict[str, Any]) -> int:
-    """Bytes per weight on the GPU: the checkpoint's own dtype (fp32 checkpoints stay fp32)."""
-    name = str(config.get("dtype") or config.get("torch_dtype") or "bfloat16")
-    return 4 if name.endswith("float32") else 2
 
 
 # --- host RAM ----------------------------------------------------------------------------
@@ -154,7 +151,7 @@ class GpuEstimate:
 
 def estimate_gpu(size: ModelSize, recipe: Recipe, config: dict[str, Any],
                  samples: list[list[int]], batch: int) -> GpuEstimate:
-    b = dtype_bytes(config)
+    b = weight_bytes(config)
     tokens = sum(len(s) for s in samples)
     seq = max((len(s) for s in samples), default=0)
     forward = batch * (seq * size.widest_out * b * 4  # gate, up, activation, product
@@ -224,7 +221,7 @@ def check_memory(meta: Any, recipe: Recipe, config: dict[str, Any], device: str,
     else:
         from quantize.checks.placement import host_plan
 
-        weights = size.params * (4 if device == "cpu" else dtype_bytes(config))
+        weights = size.params * (4 if device == "cpu" else weight_bytes(config))
         facts = host_plan(estimate_host_bytes(size.params, device), weights,
                           host_free_bytes(), world_size, offload_dir).facts()
     if device != "cpu":

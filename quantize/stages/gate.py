@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from quantize.run.files import atomic_write_json, atomic_write_text
-
-if TYPE_CHECKING:
-    from quantize.pipeline import Pipeline
 
 NAME = "gate"
 Z = 1.96
@@ -102,20 +99,18 @@ def run(eval_result: dict[str, Any], out: Path) -> dict[str, Any]:
             "warnings": result["warnings"]}
 
 
-def plan(pipe: Pipeline) -> tuple[dict[str, Any], Any]:
+def read_eval(eval_dir: Path) -> dict[str, Any]:
+    """The eval stage's result (eval.json)."""
     import json
 
-    suite = pipe.suite()
-    inputs = {"eval": pipe.keys["eval"],
-              "rules": [m.model_dump(include={"name", "direction", "threshold", "on_fail"})
-                        for m in suite.metrics]}
+    result: dict[str, Any] = json.loads((eval_dir / "eval.json").read_text())
+    return result
 
-    def execute(out: Path) -> dict[str, Any]:
-        ev = json.loads((pipe.run_dir / "eval" / "eval.json").read_text())
-        rules = {m.name: m for m in suite.metrics}
-        for row in ev["metrics"]:  # thresholds may have changed since eval ran
-            row["threshold"] = rules[row["name"]].threshold
-            row["on_fail"] = rules[row["name"]].on_fail
-        return run(ev, out)
 
-    return inputs, execute
+def with_rules(ev: dict[str, Any], rules: dict[str, Any]) -> dict[str, Any]:
+    """The eval result with today's thresholds and on_fail rules (they may have changed since
+    eval ran: the gate re-judges without re-measuring)."""
+    for row in ev["metrics"]:
+        row["threshold"] = rules[row["name"]].threshold
+        row["on_fail"] = rules[row["name"]].on_fail
+    return ev

@@ -1,0 +1,200 @@
+"""Stage order, cache keys and skip/rerun decisions.
+
+Each stage's key is the sha256 of its inputs (including upstream stage keys and package
+versions). A stage is skipped only when its recorded key matches and its output files still
+hash to what the manifest recorded; otherwise it re-runs, and the log says why.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantize.checks import preflight
+from quantize.errors import QuantizeError
+from quantize.model.source import (
+    DEFAULT_MODEL,
+    HUB_ID,
+    ModelRef,
+    check_architecture,
+    model_fingerprint,
+    resolve_model,
+)
+from quantize.pipeline import wiring
+from quantize.progress import info
+from quantize.run import stage as run_stage
+from quantize.run.lock import run_lock
+from quantize.run.manifest import read_manifest, versions, write_manifest
+from quantize.spec.recipe import EvalSuite, Recipe, canonical_hash, load_recipe, resolve, suite_for
+from quantize.spec.yamlio import read_text
+from quantize.stages import STAGES
+
+
+def pick_device(requested: str) -> str:
+    if requested != "auto":
+        if requested == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise QuantizeError("--device cuda but no CUDA GPU is visible; use --device cpu")
+        return requested
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_run_dir(model: ModelRef, recipe: Recipe) -> Path:
+    return Path("runs") / f"{model.name}-{recipe.name}"
+
+
+def from_hub(model: ModelRef) -> bool:
+    """Whether the model was fetched from the Hub, possibly with the user's token (a gated or
+    private model): then the run folder holds data derived from it and is made user-only."""
+    return (model.source != DEFAULT_MODEL and bool(HUB_ID.match(model.source))
+            and not Path(model.source).expanduser().exists())
+
+
+def _absolute(ref: str | None) -> str | None:
+    """A path the user gave, made absolute so `quantize eval RUN` works from any folder."""
+    if ref is not None and Path(ref).exists():
+        return str(Path(ref).resolve())
+    return ref
+
+
+@dataclass
+class RunOptions:
+    recipe: str
+    model: str | None = None
+    dataset: str | None = None
+    out: Path | None = None
+    device: str = "auto"
+    until: str = "gate"
+    rerun: tuple[str, ...] = ()
+    allow_pickle: bool = False
+    suite: str | None = None
+    tp: int = 1  # the tensor-parallel size to check the model's shapes for (pre-flight only)
+    # processes for the quantize stage (torchrun, one GPU each); an execution setting like
+    # the memory placement, not an input: not part of the stage key
+    gpus: int = 1
+
+
+@dataclass
+class Pipeline:
+    opts: RunOptions
+    recipe: Recipe = field(init=False)
+    recipe_text: str = field(init=False)
+    model: ModelRef = field(init=False)
+    run_dir: Path = field(init=False)
+    device: str = field(init=False)
+    manifest: dict[str, Any] = field(init=False, default_factory=dict)
+    facts: dict[str, Any] = field(init=False, default_factory=dict)
+    keys: dict[str, str] = field(init=False, default_factory=dict)
+    meta: Any = field(init=False, default=None)  # the meta-device model pre-flight built
+    _fp: tuple[threading.Thread, dict[str, Any]] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.opts.until not in STAGES:
+            raise QuantizeError(f"unknown stage {self.opts.until!r}; stages: {', '.join(STAGES)}")
+        self.recipe = load_recipe(self.opts.recipe)
+        self.recipe_text = read_text(resolve("recipes", self.opts.recipe))
+        self.model = resolve_model(self.opts.model, allow_pickle=self.opts.allow_pickle)
+        check_architecture(self.model.config, trust_remote_code=self.recipe.trust_remote_code)
+        self.run_dir = self.opts.out or default_run_dir(self.model, self.recipe)
+        self.device = pick_device(self.opts.device)
+        if self.opts.gpus != 1:  # before any calibration: can this recipe run data-parallel?
+            from quantize.backends.distributed import check_support, visible_gpus
+
+            check_support(self.recipe, self.device, self.opts.gpus, visible_gpus(self.device))
+
+    # --- the driver -----------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        with run_lock(self.run_dir, private=from_hub(self.model)):
+            self.manifest = read_manifest(self.run_dir)
+            # one meta-device model for pre-flight and the memory estimate (no weights read)
+            self.meta = preflight.build_meta(self.recipe, self.model.config)
+            self.facts = preflight.check(self.recipe, self.model.config, tp=self.opts.tp,
+                                         model=self.meta)
+            if STAGES.index(self.opts.until) >= STAGES.index("eval"):
+                self.suite()  # a bad suite fails now, not after hours of quantization
+            self._record_header()
+            for stage in STAGES[: STAGES.index(self.opts.until) + 1]:
+                self._stage(stage)
+            self.fingerprint()  # a calibrate-only run records it too
+            gate = self.manifest["stages"].get("gate")
+            if "gate" in self.keys and gate:
+                self.manifest["releasable"] = gate["summary"]["verdict"] == "pass"
+            write_manifest(self.run_dir, self.manifest)
+            return self.manifest
+
+    def _start_fingerprint(self) -> None:
+        """Hash the model's weights (16 GB for an 8B model: 4.6 s on the H200 host, the
+        largest fixed cost of a first run, bench/RESULTS.md) in a background thread while
+        calibration and quantization run; hashlib releases the GIL. A stage whose decision
+        needs it (a finished result to compare against) waits for it."""
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["value"] = model_fingerprint(self.model)
+            except BaseException as exc:  # re-raised in the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=work, name="model-fingerprint", daemon=True)
+        thread.start()
+        self._fp = (thread, box)
+
+    def fingerprint(self) -> str:
+        """The model's fingerprint (waits for the background hash), recorded in the manifest."""
+        if self._fp is None:
+            self._start_fingerprint()
+        assert self._fp is not None
+        thread, box = self._fp
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        self.manifest["model"]["fingerprint"] = box["value"]
+        return str(box["value"])
+
+    def suite(self) -> EvalSuite:
+        """The eval suite: --suite, else the recipe's, with the recipe's tightened thresholds."""
+        return suite_for(self.recipe, self.opts.suite)
+
+    def _record_header(self) -> None:
+        self.manifest.update({
+            "schema": 1,
+            "run": self.run_dir.name,
+            "model": {"source": self.model.source, "path": str(self.model.path),
+                      "fingerprint": None},  # filled in by fingerprint()
+            "recipe": {"name": self.recipe.name, "ref": _absolute(self.opts.recipe),
+                       "sha256": canonical_hash(self.recipe),
+                       "trust_remote_code": self.recipe.trust_remote_code},
+            "versions": versions(),
+            "device": self.device,
+            "dataset": _absolute(self.opts.dataset),
+            "preflight": self.facts,
+        })
+        self._start_fingerprint()
+
+    def _stage(self, name: str) -> None:
+        inputs, execute = wiring.STAGE_PLANS[name](self)
+        rerun = name in self.opts.rerun or "all" in self.opts.rerun
+        status = run_stage.status(name, self.manifest["stages"].get(name), inputs,
+                                  self.run_dir / name, rerun=rerun)
+        if status.key is not None:
+            self.keys[name] = status.key
+        if not status.must_run:
+            info(f"[dim]skip[/dim] {name}: {status.message()}")
+            return
+        info(f"[bold]{name}[/bold]: {status.message()}")
+        record = run_stage.build(self.run_dir, name, inputs, execute)
+        self.keys[name] = record["key"]
+        self.manifest["stages"][name] = record
+        write_manifest(self.run_dir, self.manifest)
+
+
+def run(opts: RunOptions) -> Pipeline:
+    pipe = Pipeline(opts)
+    pipe.run()
+    return pipe

@@ -1,0 +1,173 @@
+"""What each stage of a run takes: its inputs (what its key hashes) and how to execute it.
+
+One function per stage, named as the stage. Each reads what it needs from the pipeline's
+state (recipe, model, manifest, upstream keys) and hands the stage module explicit values;
+no stage module sees the pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from quantize.model.source import ModelRef
+from quantize.progress import info, step
+from quantize.run.files import sha256_file
+from quantize.spec.recipe import EvalSuite, Recipe, canonical_hash
+
+Execute = Callable[[Path], dict[str, Any]]
+Plan = tuple[dict[str, Any], Execute]
+
+
+class Options(Protocol):
+    dataset: str | None
+    gpus: int
+
+
+class Pipeline(Protocol):
+    """What the stages' wiring reads of a run (quantize.pipeline.Pipeline provides it)."""
+
+    opts: Options
+    recipe: Recipe
+    recipe_text: str
+    model: ModelRef
+    run_dir: Path
+    device: str
+    manifest: dict[str, Any]
+    facts: dict[str, Any]
+    keys: dict[str, str]
+    meta: Any
+
+    def fingerprint(self) -> str: ...
+
+    def suite(self) -> EvalSuite: ...
+
+
+def calibrate(pipe: Pipeline) -> Plan:
+    from quantize.stages import calibrate as stage
+
+    spec, base = stage.resolve_spec(pipe.recipe, pipe.opts.dataset)
+    tok_files = sorted(pipe.model.path.glob("tokenizer*")) + sorted(
+        pipe.model.path.glob("*.jinja"))
+    inputs = {"spec": canonical_hash(spec),
+              "source": stage.source_fingerprint(spec, base),
+              "tokenizer": [sha256_file(f) for f in tok_files]}
+
+    def execute(out: Path) -> dict[str, Any]:
+        from transformers import AutoTokenizer
+
+        with step(f"calibration set: {spec.num_samples} × {spec.seq_len} tokens from "
+                  f"{spec.builtin or spec.path or spec.hub}"):
+            tok = AutoTokenizer.from_pretrained(pipe.model.path)
+            return stage.run(spec, base, tok, out)
+
+    return inputs, execute
+
+
+def quantize(pipe: Pipeline) -> Plan:
+    from quantize.backends import QuantizeJob, resolve_batch_size
+    from quantize.stages import calibrate as calibrate_stage
+    from quantize.stages import quantize as stage
+
+    recipe = pipe.recipe
+    quant_part = recipe.model_dump(mode="json", exclude={"description", "calibration", "eval"})
+    calib = pipe.manifest["stages"]["calibrate"]["summary"]
+    # deferred: the quantize stage runs while the model is hashed (see _start_fingerprint)
+    model = {"source": pipe.manifest["model"]["source"], "fingerprint": pipe.fingerprint}
+    inputs = {"recipe": canonical_hash(quant_part), "model": model,
+              "calibration": calib["fingerprint"], "group_size": pipe.facts["group_size"],
+              "device": pipe.device, "versions": pipe.manifest["versions"]}
+
+    def execute(out: Path) -> dict[str, Any]:
+        from quantize.backends.distributed import check_samples, shares
+        from quantize.checks.placement import GiB, load_plan
+        from quantize.checks.resources import check_memory
+
+        samples = calibrate_stage.load(pipe.run_dir / "calibrate")
+        if not recipe.needs_calibration:
+            samples = []
+        gpus = pipe.opts.gpus
+        check_samples(len(samples), gpus)
+        share = samples[: -(-len(samples) // gpus)]  # the largest process's share
+        batch = resolve_batch_size(recipe.batch_size, pipe.device, share)
+        # before the model is loaded: refuse, or pick where it lives on a GPU and, when
+        # host RAM is short, which weights go to disk
+        offload_dir = pipe.run_dir / ".offload"
+        mem = pipe.facts["memory"] = check_memory(
+            pipe.meta, recipe, pipe.model.config, pipe.device, share, batch,
+            world_size=gpus, offload_dir=offload_dir)
+        disk = mem["host_tier"] == "disk"
+        job = QuantizeJob(pipe.model.path, recipe, pipe.facts["group_size"], samples,
+                          pipe.device, batch,
+                          placement=mem.get("gpu_placement", "resident"), world_size=gpus,
+                          host_tier=mem["host_tier"],
+                          cpu_budget=mem.get("host_cpu_budget_bytes") or
+                          int(mem["host_ram_free_gib"] * GiB),
+                          offload_dir=offload_dir if disk else None)
+        load = load_plan(job.device, job.placement, job.host_tier, gpus, job.cpu_budget,
+                         job.offload_dir)
+        info(f"weights: {load.where}")
+        if gpus > 1:
+            split = "/".join(str(n) for n in shares(len(samples), gpus))
+            how = "gloo, CPU processes" if pipe.device == "cpu" else "NCCL, one GPU each"
+            info(f"calibration on {gpus} processes (torchrun, {how}), samples split {split}")
+        return stage.run(job, out)
+
+    return inputs, execute
+
+
+def export(pipe: Pipeline) -> Plan:
+    from quantize.stages import export as stage
+
+    inputs = {"quantize": pipe.keys["quantize"],
+              "recipe_text": canonical_hash({"text": pipe.recipe_text})}
+
+    def execute(out: Path) -> dict[str, Any]:
+        stages = {k: {f: v[f] for f in ("started", "ended", "duration_s")}
+                  for k, v in pipe.manifest["stages"].items() if k in ("calibrate", "quantize")}
+        meta = {k: pipe.manifest[k] for k in ("model", "recipe", "versions", "device")}
+        meta["calibration"] = pipe.manifest["stages"]["calibrate"]["summary"]
+        meta["stages"] = stages
+        with step(f"writing export to {pipe.run_dir / 'export'}"):
+            return stage.run(pipe.run_dir / "quantize", pipe.recipe_text, meta, out)
+
+    return inputs, execute
+
+
+def eval(pipe: Pipeline) -> Plan:
+    from quantize.errors import EvalError
+    from quantize.stages import eval as stage
+
+    suite = pipe.suite()
+    inputs = {"export": pipe.keys["export"], "suite": stage.measured_settings(suite),
+              "device": pipe.device}
+
+    def execute(out: Path) -> dict[str, Any]:
+        export = pipe.run_dir / "export"
+        if not export.is_dir():
+            raise EvalError(f"{export} is missing; run the export stage first")
+        return stage.run(export, pipe.model.path, pipe.fingerprint(), suite,
+                         pipe.device, pipe.manifest["versions"], out)
+
+    return inputs, execute
+
+
+def gate(pipe: Pipeline) -> Plan:
+    from quantize.stages import gate as stage
+
+    suite = pipe.suite()
+    rules = {m.name: m for m in suite.metrics}
+    inputs = {"eval": pipe.keys["eval"],
+              "rules": [m.model_dump(include={"name", "direction", "threshold", "on_fail"})
+                        for m in suite.metrics]}
+
+    def execute(out: Path) -> dict[str, Any]:
+        ev = stage.read_eval(pipe.run_dir / "eval")
+        return stage.run(stage.with_rules(ev, rules), out)
+
+    return inputs, execute
+
+
+STAGE_PLANS: dict[str, Callable[[Pipeline], Plan]] = {
+    "calibrate": calibrate, "quantize": quantize, "export": export, "eval": eval, "gate": gate}

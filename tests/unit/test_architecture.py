@@ -1,0 +1,123 @@
+"""The package's shape, enforced: no import cycles (lazy and type-checking imports
+included), each layer imports only from layers below it or its own, and no module grows past
+the size a reader takes in at once. `make quality` runs this file too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "quantize"
+MAX_LINES = 450
+
+# Low to high. A module may import from its own layer and the layers before it.
+LAYERS: list[tuple[str, ...]] = [
+    ("quantize", "quantize.errors", "quantize.progress"),
+    ("quantize.spec", "quantize.run", "quantize.model"),  # the foundations
+    ("quantize.vllm", "quantize.checks", "quantize.backends"),  # kernels rules, checks, engines
+    ("quantize.stages", "quantize.metrics", "quantize.planner", "quantize.report"),
+    ("quantize.pipeline",),
+    ("quantize.cli",),
+]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    is_pkg = path.name == "__init__.py"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base if is_pkg else base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name and t.startswith("quantize"):
+                found.add(t)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    known = set(mods)
+    return {m: _imports(m, p, known) - {"quantize"} for m, p in mods.items()}
+
+
+def _layer(module: str) -> int:
+    best, best_len = 0, -1
+    for i, prefixes in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best_len:
+                best, best_len = i, len(p)
+    return best
+
+
+def test_no_import_cycles() -> None:
+    graph = _graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert cycles == [], f"import cycles: {cycles}"
+
+
+def test_layers_import_only_downwards() -> None:
+    bad = [f"{m} (layer {_layer(m)}) imports {t} (layer {_layer(t)})"
+           for m, targets in sorted(_graph().items()) for t in sorted(targets)
+           if _layer(t) > _layer(m)]
+    assert bad == [], "\n".join(bad)
+
+
+def test_no_module_is_too_long() -> None:
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"modules over {MAX_LINES} lines (split them by job): {long}"
