@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from quantize.cli import handle_errors, main
+from quantize.cli.app import handle_errors, main
 
 _STATUS = {"fits": "yes", "partial": "fewer users", "no-kv": "no (KV)", "no-fit": "no",
            "unsupported": "unsupported", "n/a": "n/a"}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from quantize.cli import handle_errors, main
+from quantize.cli.app import handle_errors, main
 from quantize.errors import VerifyError
 
 
