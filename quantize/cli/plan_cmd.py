@@ -71,7 +71,9 @@ def _gib(n: float) -> str:
 
 def render(plan: object) -> list[str]:
     """The plan as plain text (copy-pasteable; no terminal-width wrapping)."""
-    from quantize.planner.plan import GIB, TP_CANDIDATES, Plan
+    from quantize.planner.memory import GIB
+    from quantize.planner.plan import Plan
+    from quantize.planner.rows import TP_CANDIDATES
 
     assert isinstance(plan, Plan)
     req, gpu = plan.request, plan.request.gpu

@@ -1,0 +1,139 @@
+"""vLLM's KV budget on one GPU, as vllm/v1/worker/gpu_worker.py
+(Worker.determine_available_memory) and vllm/utils/mem_utils.py (memory_profiling) compute it:
+
+    available = total x gpu_memory_utilization - weights - torch activation peak of the
+                profile run - non-torch memory (NCCL, cuBLAS workspaces...)
+
+with the activation peak modelled from the profile run (a forward pass of
+max_num_batched_tokens tokens, then a dummy sampler pass over max_num_seqs x vocab logits)
+and constants calibrated against published vLLM start-up logs (PROFILES). KV tokens =
+floor(available / (16 x bytes per token)) x 16 (vllm/v1/core/kv_cache_utils.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from quantize.model.config import Shape, model_shape
+from quantize.planner.gpus import Gpu, PlanError
+from quantize.planner.kv import BLOCK, kv_bytes_per_token, request_bytes
+from quantize.planner.sources import load_source
+from quantize.planner.weights import (
+    LayerPlan,
+    estimate_weights,
+    meta,
+    published_layers,
+    published_quant,
+    recipe_layers,
+)
+from quantize.spec.recipe import Recipe
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class VllmProfile:
+    """Constants of the profile run that vLLM does not derive from the model; fitted to the
+    start-up logs listed in docs/plan.md (activation and non-torch columns)."""
+
+    name: str
+    sampler_bytes_per_logit: float  # peak bytes per (max_num_seqs x vocab) dummy-sampler logit
+    hidden_factor: float  # live [tokens, hidden] buffers at the MLP peak, besides 3 x I
+    nontorch_gib_single: float  # non-torch increase with one GPU (cuBLAS, allocator)
+    nontorch_gib_tp: float  # ... with tensor parallelism (NCCL + custom all-reduce buffers)
+    source: str
+
+
+PROFILES: dict[str, VllmProfile] = {
+    "0.19": VllmProfile("0.19", 15.4, 4.25, 0.25, 2.1,
+                        "llm-d-incubation/llm-d-planner accuracy/results/v0.19.0/logs (H100)"),
+    "0.11": VllmProfile("0.11", 38.5, 4.25, 0.13, 0.55,
+                        "llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md"),
+}
+DEFAULT_PROFILE = "0.19"
+# Not in the KV budget (vLLM <= 0.19 captures CUDA graphs after sizing the cache), but on the
+# card: the graph pool (0.5-1.9 GiB in the v0.19 logs) and the CUDA context.
+CUDAGRAPH_GIB = 1.0
+CONTEXT_GIB = 0.5
+
+
+def serve_defaults(gpu: Gpu) -> tuple[int, int]:
+    """`vllm serve` max_num_batched_tokens / max_num_seqs defaults for this card
+    (EngineArgs.get_batch_defaults, vllm/engine/arg_utils.py)."""
+    return (8192, 1024) if gpu.large_defaults else (2048, 256)
+
+
+@dataclass
+class Memory:
+    """One configuration's memory, per GPU, in bytes (tokens and sequences where named)."""
+
+    total: int
+    requested: int
+    weights: int
+    activation: int
+    activation_forward: int
+    activation_sampler: int
+    nontorch: int
+    available: int
+    kv_bytes_per_token: int
+    kv_tokens: int
+    request_bytes: int
+    max_concurrency: float
+
+    @property
+    def max_sequences(self) -> int:
+        return max(0, math.floor(self.max_concurrency + 1e-9))
+
+
+def activation_peak(shape: Shape, tp: int, batched: int, seqs: int,
+                    profile: VllmProfile) -> tuple[int, int]:
+    """The profile run's torch peak: (forward at max_num_batched_tokens, dummy sampler)."""
+    b = shape.dtype_bytes
+    mlp = 3 * math.ceil(shape.intermediate / tp) if shape.intermediate else 0
+    if shape.experts:
+        moe = (shape.experts_per_token * 3 * math.ceil(shape.moe_intermediate / tp)
+               + 3 * math.ceil(shape.shared_intermediate / tp))
+        mlp = max(moe, mlp if shape.dense_mlp_layers else 0)
+    attn = (2 * shape.heads + 2 * shape.kv_heads) * shape.head_dim // tp
+    forward = int(batched * b * (max(mlp, attn) + profile.hidden_factor * shape.hidden))
+    sampler = int(min(seqs, batched) * shape.vocab * profile.sampler_bytes_per_logit)
+    return forward, sampler
+
+
+def vllm_memory(shape: Shape, weights_rank: int, gpu: Gpu, tp: int, util: float, context: int,
+                batched: int, seqs: int, kv_bytes: int, profile: VllmProfile) -> Memory:
+    total = gpu.memory_bytes
+    requested = int(total * util)
+    forward, sampler = activation_peak(shape, tp, batched, seqs, profile)
+    activation = max(forward, sampler)
+    nontorch = int((profile.nontorch_gib_tp if tp > 1 else profile.nontorch_gib_single) * GIB)
+    available = requested - weights_rank - activation - nontorch
+    per_token = kv_bytes_per_token(shape, tp, kv_bytes)
+    blocks = max(0, available) // (per_token * BLOCK) if per_token else 0
+    per_request = request_bytes(shape, tp, kv_bytes, context, batched)
+    concurrency = (blocks * BLOCK * per_token) / per_request if per_request else 0.0
+    return Memory(total, requested, weights_rank, activation, forward, sampler, nontorch,
+                  available, per_token, blocks * BLOCK, per_request, concurrency)
+
+
+def predict(model: str, gpu: Gpu, *, tp: int = 1, util: float = 0.9, context: int = 8192,
+            batched: int | None = None, seqs: int | None = None, kv_fp8: bool = False,
+            recipe: Recipe | None = None, profile: str = DEFAULT_PROFILE) -> Memory:
+    """One vLLM start-up predicted: the numbers behind `GPU KV cache size: N tokens`.
+    batched/seqs default to `vllm serve`'s defaults for the GPU."""
+    from quantize.checks.preflight import resolve_group_size, targeted_layers
+
+    source = load_source(model)
+    mdl = meta(source.config)
+    shape = model_shape(source.config, mdl.config, error=PlanError)
+    t_default, s_default = serve_defaults(gpu)
+    if recipe is not None:
+        group = resolve_group_size(recipe, targeted_layers(mdl, recipe.targets, recipe.ignore))
+        plan = recipe_layers(mdl, recipe, group)
+    else:  # the checkpoint as published (or unquantized)
+        qc = published_quant(source.config)
+        plan = published_layers(mdl, qc)[0] if qc is not None else LayerPlan({}, None)
+    weights = estimate_weights(mdl, shape.dtype_bytes, plan).per_rank(tp)
+    return vllm_memory(shape, weights, gpu, tp, util, context, batched or t_default,
+                       seqs or s_default, 1 if kv_fp8 else shape.dtype_bytes, PROFILES[profile])

@@ -1,0 +1,220 @@
+"""Weight memory from config.json alone: every tensor of a meta-device model, sized in the
+format the export stage writes.
+
+Quantized Linear weights are counted as compressed-tensors stores them (packed int32 codes,
+scales and zero points per group; fp8/int8 weights with per-channel or per-tensor scales;
+block-fp8 with fp32 block scales for published DeepSeek-style checkpoints), everything else
+at the model dtype, tied embeddings once. vLLM keeps the same tensors on the GPU (repacked,
+not resized), so the sum is what a rank holds after splitting what tensor parallelism splits.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from quantize.errors import QuantizeError
+from quantize.model.qconfig import Args, QuantConfig, quant_method, read_quant_config
+from quantize.planner.gpus import PlanError
+from quantize.spec.recipe import Recipe
+from quantize.spec.schemes import SCHEMES
+
+SIZED_METHODS = ("fp8", "compressed-tensors")  # published formats the planner can size
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How one Linear weight is stored (compressed-tensors formats, or fp8 block scales)."""
+
+    kind: str  # "pack" (int, packed into int32) | "int8" | "fp8" | "fp8-block"
+    bits: int
+    group: int | None = None  # group size along the input dim; None = per channel/tensor
+    symmetric: bool = True
+    per_tensor: bool = False
+    g_idx: bool = False  # actorder="group" stores a per-input-channel group index
+    block: tuple[int, int] | None = None
+
+    @property
+    def label(self) -> str:
+        if self.kind == "fp8-block":
+            return f"fp8 block {self.block}"
+        g = f" g{self.group}" if self.group else ""
+        return f"{self.kind} {self.bits}-bit{g}{'' if self.symmetric else ' asym'}"
+
+
+def format_for(scheme: str, group: int | None, actorder: str | None = None) -> WeightFormat:
+    """The on-disk format of a scheme-table entry at a resolved group size."""
+    info = SCHEMES[scheme]
+    if info.weight_type == "float":
+        return WeightFormat("fp8", 8, per_tensor=info.per_tensor)
+    if info.packed:  # weight-only int schemes are written pack-quantized (8-bit too)
+        return WeightFormat("pack", info.weight_bits, group, info.symmetric,
+                            g_idx=actorder == "group")
+    return WeightFormat("int8", 8, symmetric=info.symmetric)
+
+
+def linear_bytes(out: int, inp: int, fmt: WeightFormat, dtype_bytes: int) -> int:
+    """Bytes of one quantized Linear weight and its scale/zero-point tensors on disk (the
+    same tensors vLLM keeps on the GPU, repacked but not resized)."""
+    if fmt.kind == "fp8-block":
+        bn, bk = fmt.block or (128, 128)
+        return out * inp + math.ceil(out / bn) * math.ceil(inp / bk) * 4  # fp32 scale_inv
+    if fmt.kind in ("fp8", "int8"):
+        scales = 2 if fmt.per_tensor else out  # weight_scale (+ input_scale when static)
+        zero = 0 if fmt.symmetric else out
+        return out * inp + (scales + zero) * dtype_bytes
+    groups = math.ceil(inp / fmt.group) if fmt.group else 1
+    packed = out * math.ceil(inp * fmt.bits / 32) * 4  # weight_packed int32
+    scale = out * groups * dtype_bytes  # weight_scale in the model dtype
+    zero = 0 if fmt.symmetric else math.ceil(out * fmt.bits / 32) * groups * 4  # packed on dim 0
+    gidx = inp * 4 if fmt.g_idx else 0
+    return packed + scale + zero + gidx + 16  # + weight_shape (2 x int64)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Which Linear layers get which format; experts_fmt for fused MoE expert tensors."""
+
+    formats: dict[str, WeightFormat]
+    experts_fmt: WeightFormat | None
+    kv_scales: bool = False
+
+
+@dataclass(frozen=True)
+class WeightEstimate:
+    total: int
+    replicated: int  # bytes every tensor-parallel rank holds in full
+    quantized: int  # bytes of the quantized tensors (for checks against exports)
+
+    def per_rank(self, tp: int) -> int:
+        return self.replicated + math.ceil((self.total - self.replicated) / tp)
+
+
+# vLLM keeps these whole on every rank: norms and biases (1-D), MoE routers and the MLA
+# down-projections (ReplicatedLinear in vllm/model_executor/models/deepseek_v2.py)
+_REPLICATED = re.compile(r"(mlp\.gate\.weight|kv_a_proj_with_mqa|q_a_proj|e_score_correction)")
+
+
+def estimate_weights(model: Any, dtype_bytes: int, plan: LayerPlan) -> WeightEstimate:
+    total = replicated = quantized = 0
+    modules = dict(model.named_modules())
+    attention_layers = 0
+    for name, param in model.named_parameters():  # tied weights are listed once
+        owner, _, pname = name.rpartition(".")
+        fmt = plan.formats.get(owner)
+        if fmt is not None and pname == "weight" and param.ndim == 2:
+            size = linear_bytes(param.shape[0], param.shape[1], fmt, dtype_bytes)
+            quantized += size
+        elif param.ndim == 3 and plan.experts_fmt is not None and _is_experts(modules[owner]):
+            size = _experts_bytes(pname, tuple(param.shape), plan.experts_fmt, dtype_bytes)
+            quantized += size
+        else:
+            size = param.numel() * dtype_bytes
+        if param.ndim == 1 or _REPLICATED.search(name):
+            replicated += size
+        total += size
+        if pname == "weight" and owner.endswith(("k_proj", "kv_b_proj")):
+            attention_layers += 1
+    if plan.kv_scales:  # k_scale and v_scale per attention layer, model dtype
+        total += 2 * attention_layers * dtype_bytes
+        replicated += 2 * attention_layers * dtype_bytes
+    return WeightEstimate(total, replicated, quantized)
+
+
+def _is_experts(module: Any) -> bool:
+    return type(module).__name__.endswith("Experts")
+
+
+def _experts_bytes(pname: str, shape: tuple[int, ...], fmt: WeightFormat, dtype_bytes: int) -> int:
+    experts, out, inp = shape
+    if "gate_up" in pname:  # exported as separate gate_proj and up_proj per expert
+        return experts * 2 * linear_bytes(out // 2, inp, fmt, dtype_bytes)
+    return experts * linear_bytes(out, inp, fmt, dtype_bytes)
+
+
+@functools.lru_cache(maxsize=8)
+def _meta(config_json: str) -> Any:
+    from quantize.checks.preflight import meta_model
+    from quantize.model.source import check_architecture
+
+    config = json.loads(config_json)
+    try:
+        check_architecture(config, trust_remote_code=False)
+        return meta_model(config)
+    except QuantizeError:
+        raise
+    except Exception as exc:
+        raise PlanError(f"transformers cannot build model_type {config.get('model_type')!r} "
+                        f"from this config ({type(exc).__name__}: {exc}); check config.json "
+                        "or upgrade transformers") from None
+
+
+def meta(config: dict[str, Any]) -> Any:
+    """The meta-device model of `config` (pre-flight's builder), cached: a plan sizes every
+    recipe on the same model."""
+    return _meta(json.dumps(config, sort_keys=True))
+
+
+def recipe_layers(model: Any, recipe: Recipe, group: int | None) -> LayerPlan:
+    """The recipe's per-layer formats, matched exactly as compressed-tensors matches them."""
+    from compressed_tensors.utils import is_match
+
+    from quantize.checks.preflight import override_group_size, targeted_layers
+
+    actorder = recipe.gptq.actorder if recipe.gptq else None
+    main = format_for(recipe.scheme, group, actorder)
+    formats = {lay.name: main for lay in targeted_layers(model, recipe.targets, recipe.ignore)}
+    for ov in recipe.overrides:
+        sub = targeted_layers(model, ov.targets, recipe.ignore)
+        ov_group = override_group_size(ov, group)  # the rule pre-flight and the engine use
+        for lay in sub:
+            formats[lay.name] = format_for(ov.scheme, ov_group, actorder)
+    experts_fmt = None
+    if "Linear" in recipe.targets:
+        for name, module in model.named_modules():
+            if _is_experts(module) and not is_match(name, module, recipe.ignore):
+                experts_fmt = main
+                break
+    return LayerPlan(formats, experts_fmt, kv_scales=recipe.kv_cache == "fp8")
+
+
+def published_quant(config: dict[str, Any]) -> QuantConfig | None:
+    """The checkpoint's quantization_config when the planner can size it (compressed-tensors
+    or block fp8); None for an unquantized config."""
+    try:
+        qc = read_quant_config(config, error=PlanError)
+    except PlanError:  # a method the reader does not know
+        raise PlanError(_unsized(quant_method(config))) from None
+    if qc is not None and qc.method not in SIZED_METHODS:
+        raise PlanError(_unsized(qc.method))
+    return qc
+
+
+def _unsized(method: str | None) -> str:
+    return (f"cannot size quantization_config quant_method {method!r}; plan from the "
+            "unquantized base model's config.json instead")
+
+
+def published_layers(model: Any, qc: QuantConfig) -> tuple[LayerPlan, str]:
+    """The format of a pre-quantized checkpoint's quantization_config (compressed-tensors or
+    fp8 block), so its baseline row shows the weights as published."""
+    from quantize.checks.preflight import targeted_layers
+
+    group = qc.groups[0] if qc.groups else None
+    w = (group.weights if group else None) or Args(8)
+    if qc.method == "fp8":
+        block = w.block_structure or (128, 128)
+        fmt = WeightFormat("fp8-block", 8, block=(int(block[0]), int(block[1])))
+    else:
+        packing = group.format if group else qc.format
+        kind = "fp8" if w.type == "float" else "pack" if packing == "pack-quantized" else "int8"
+        fmt = WeightFormat(kind, w.num_bits or 8, w.group_size, w.symmetric,
+                           per_tensor=w.strategy == "tensor", g_idx=w.actorder == "group")
+    targets = list(group.targets) if group else ["Linear"]
+    formats = {lay.name: fmt for lay in targeted_layers(model, targets, list(qc.ignore))}
+    experts = fmt if any(_is_experts(m) for m in model.modules()) else None
+    return LayerPlan(formats, experts), f"as published ({qc.method}: {fmt.label})"
