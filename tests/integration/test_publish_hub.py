@@ -1,5 +1,5 @@
 """publish against a local fake Hub: the real `huggingface_hub` client, pointed at an HTTP
-server on 127.0.0.1 (tests/hubserver.py) through HF_ENDPOINT. Nothing here reaches the
+server on 127.0.0.1 (tests/fixtures/hub/) through HF_ENDPOINT. Nothing here reaches the
 internet.
 
 The fake Hub implements the endpoints create_repo, create_commit (preupload, the LFS batch
@@ -37,7 +37,7 @@ from quantize.run.files import hash_tree
 from quantize.stages.publish import PublishOptions, publish
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hubserver import FakeHub, write_eval_gate
+from fixtures.hub import Blob, FakeHub, write_eval_gate
 
 TOKEN = "hf_PublishTestToken7Qx9ZkLm3Np5Rs"  # recognisable: must never show up anywhere
 ORG = "test-org"
@@ -228,8 +228,6 @@ def test_files_not_in_the_run_are_deleted_in_the_same_commit(run_dir: Path,
     publish(opts(run_dir))
     repo = hub.repos[REPO]
     old = dict(repo.head.files)
-    from hubserver import Blob
-
     old["model-00001-of-00002.safetensors"] = Blob(b"\0stale", True)
     hub._commit(repo, "someone else's shard", "", old)
     res = publish(opts(run_dir))

@@ -8,7 +8,7 @@ hidden `.<stage>.partial` folder), `<stage>:renamed` (the folder is in place, it
 entry not written yet), `export:half` (halfway through copying the export's files) and
 `eval:baseline` (between the baseline's and the candidate's evaluation). Publish points:
 `publish:staged` (the repo folder is written, nothing uploaded) and the commit request held
-open by the loopback fake Hub (tests/hubserver.py), which after the kill either carries the
+open by the loopback fake Hub (tests/fixtures/hub/), which after the kill either carries the
 commit out (`commit-landed`: the request had reached the Hub) or drops it (`commit-lost`).
 
 The default run (`make test`) kills at 3 points; `make test-slow` runs the whole matrix.
@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hubserver import FakeHub
+from fixtures.hub import FakeHub
 
 FAKE_TOKEN = "hf_ResumeTestToken4Vb8XqWz2Lp7Tn"  # in every subprocess's env; never written
 ORG, BASE = "test-org", "test-org/Tiny-Llama"

@@ -28,7 +28,7 @@ from quantize.spec.recipe import load_recipe
 from quantize.stages.publish import PublishOptions, publish, redact
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hubserver import write_eval_gate
+from fixtures.hub import write_eval_gate
 
 FAKE_TOKEN = "hf_QuantizeFakeToken0123456789XYZ"
 RECIPE = """name: tiny-gptq
@@ -191,11 +191,18 @@ VERIFY = {"checkpoint": "", "format": "W4A16 pack-quantized", "host": "cpu, vLLM
           "result": "vLLM 0.32.0 loaded it; greedy agreement with transformers 100.0%"}
 
 
-def write_verify(run: Path, **kw: Any) -> None:
-    """verify.json as `quantize verify` writes it (no manifest entry)."""
+def write_verify(run: Path, *, record: bool = True, **kw: Any) -> None:
+    """verify.json as `quantize verify` writes it, recorded in the manifest for the current
+    export (`record=False`: a run folder from before verify was a recorded stage)."""
     (run / "verify").mkdir(exist_ok=True)
     data = {**VERIFY, "checkpoint": str(run / "export"), **kw}
     (run / "verify" / "verify.json").write_text(json.dumps(data))
+    if record:
+        m = read_manifest(run)
+        m["stages"]["verify"] = {"key": "v" * 64, "status": "done",
+                                 "inputs": {"export": m["stages"]["export"]["key"]},
+                                 "outputs": hash_tree(run / "verify"), "summary": data}
+        write_manifest(run, m)
 
 
 def test_verify_result_is_shown(tmp_path: Path) -> None:
@@ -210,14 +217,10 @@ def test_verify_result_is_shown(tmp_path: Path) -> None:
 
 
 def test_verify_older_than_the_export_is_ignored(tmp_path: Path) -> None:
-    import datetime as dt
-
     run = make_run(tmp_path)
-    write_verify(run)
-    m = read_manifest(run)
-    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=5)
-    m["stages"]["export"]["ended"] = later.isoformat(timespec="seconds")
-    write_manifest(run, m)
+    # a verify.json no manifest record ties to the current export (written before verify
+    # was a recorded stage): its freshness is unknown, so it does not count
+    write_verify(run, record=False)
     res = dry(run)
     assert "Not verified" in (res.folder / "README.md").read_text()
     assert "quantize/verify.json" not in res.files

@@ -1,0 +1,191 @@
+"""The upload: one commit through huggingface_hub's commit API, retried on transient errors.
+
+`HfApi.create_commit` with a `CommitOperationAdd` per file and a `CommitOperationDelete` per
+remote file the run does not have (never `.gitattributes`), `parent_commit` = the head read
+just before. `upload_folder(delete_patterns=...)` is not used although it builds the same
+operations: with `hf_xet` installed (the default) it takes a pipelined path that may split a
+large folder into several commits, it lists the remote files at the branch head rather than
+at the commit it checked, and it does not say what it deleted.
+
+create_commit asks the Hub which files it already holds with the same content and skips
+them; with no change left it makes no commit and returns the head. So a retry after a lost
+response makes no second commit, LFS/Xet objects that reached the Hub before a failure are not
+sent again, and publishing the same run twice is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quantize import __version__
+from quantize.errors import PublishError, first_line
+from quantize.stages.publish.messages import redact, warn
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
+
+KEEP_REMOTE = frozenset({".gitattributes"})  # never deleted by a publish
+_TRANSIENT_STATUS = {408, 412, 429, 500, 502, 503, 504}
+
+
+# --- credentials ---------------------------------------------------------------------------
+def hub_token() -> str:
+    """HF_TOKEN, else the stored login; never printed."""
+    from huggingface_hub import get_token
+
+    token = get_token()
+    if not token:
+        raise PublishError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (a "
+                           "token with write access to the organisation); or use --dry-run")
+    return token
+
+
+def online_token() -> str:
+    """The token, after refusing offline mode (nothing could be uploaded)."""
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        raise PublishError("HF_HUB_OFFLINE is set, so nothing can be uploaded; unset it, or "
+                           "use --dry-run")
+    return hub_token()
+
+
+def endpoint() -> str:
+    """HF_ENDPOINT read now (huggingface_hub reads it once, at import)."""
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+# --- errors --------------------------------------------------------------------------------
+def _status(exc: BaseException) -> int | None:
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if isinstance(exc, HfHubHTTPError):
+        return exc.response.status_code
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth retrying: rate limits, server errors, a concurrent push (412), dropped or
+    timed-out connections; never offline mode (a ConnectionError too)."""
+    import httpx
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    status = _status(exc)
+    if status is not None:
+        return status in _TRANSIENT_STATUS
+    if isinstance(exc, OfflineModeIsEnabled):
+        return False
+    return isinstance(exc, (httpx.TransportError, ConnectionError, TimeoutError))
+
+
+def _hint(exc: BaseException, repo_id: str) -> str | None:
+    """What to do about a failure, by huggingface_hub's error type and the HTTP status."""
+    import httpx
+    from huggingface_hub.errors import (
+        BadRequestError,
+        DisabledRepoError,
+        GatedRepoError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
+
+    status = _status(exc)
+    org = repo_id.split("/")[0]
+    if isinstance(exc, GatedRepoError):
+        return f"{repo_id} is gated and the token has no access; use a token of {org!r}"
+    if isinstance(exc, DisabledRepoError):
+        return f"{repo_id} is disabled on the Hub; publish under another --name"
+    if isinstance(exc, RepositoryNotFoundError) or status == 404:
+        return f"{repo_id} was not found; check --org/--name and the token's access"
+    if isinstance(exc, OfflineModeIsEnabled):
+        return "HF_HUB_OFFLINE is set; unset it, or use --dry-run"
+    if isinstance(exc, BadRequestError):
+        return "the Hub rejected the request, e.g. the model card's metadata"
+    if status == 401:
+        return "the Hub refused the token; check HF_TOKEN or `hf auth login`"
+    if status == 403:
+        return (f"the token may not write to {org!r}; use a write token of a member of that "
+                "organisation")
+    if status == 412:
+        return "someone else pushed to the repo meanwhile; run publish again"
+    if status is not None and status in _TRANSIENT_STATUS:
+        return "the Hub is busy or failing; try again later"
+    if isinstance(exc, (httpx.TransportError, ConnectionError, TimeoutError)):
+        return f"could not reach {endpoint()}; check the network and HF_ENDPOINT"
+    return None
+
+
+def explain(exc: BaseException, repo_id: str, token: str | None) -> str:
+    """One line for a failed upload, without the token."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    detail = first_line(exc)
+    server = exc.server_message if isinstance(exc, HfHubHTTPError) else None
+    if detail.endswith(":") and server:  # e.g. "Bad request:", the reason on the next line
+        detail += " " + first_line(ValueError(server))
+    hint = _hint(exc, repo_id)
+    msg = f"publishing {repo_id} failed: {detail}" + (f" ({hint})" if hint else "")
+    return redact(msg, token)
+
+
+# --- the upload ----------------------------------------------------------------------------
+@dataclass
+class Pushed:
+    commit: str
+    head_before: str | None  # the head seen by the FIRST attempt
+    deleted: list[str]
+    private: bool | None
+
+
+_UNSEEN = "<unseen>"
+
+
+def _push_once(api: HfApi, folder: Path, repo_id: str, private: bool, message: str,
+               description: str, first_head: list[str | None]) -> Pushed:
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    api.create_repo(repo_id, private=private, exist_ok=True)
+    info = api.model_info(repo_id)
+    if first_head[0] == _UNSEEN:
+        first_head[0] = info.sha
+    local = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    remote = {s.rfilename for s in info.siblings or []}
+    stale = sorted(remote - set(local) - KEEP_REMOTE)
+    ops: list[CommitOperationAdd | CommitOperationDelete] = [
+        CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(folder / rel)) for rel in local]
+    ops += [CommitOperationDelete(path_in_repo=rel) for rel in stale]
+    # parent_commit: if someone else pushes meanwhile the Hub answers 412 and we retry.
+    commit = api.create_commit(repo_id, ops, commit_message=message,
+                               commit_description=description, parent_commit=info.sha)
+    # A retry after a lost response finds its own commit already there: "changed" is judged
+    # against the head the first attempt saw.
+    return Pushed(commit.oid, first_head[0], stale, info.private)
+
+
+def upload(folder: Path, repo_id: str, *, private: bool, token: str, message: str,
+           description: str, retries: int, backoff_s: float) -> Pushed:
+    """Create the repo (exist_ok) and push `folder` as one commit; transient errors retry the
+    whole step with exponential backoff (safe: see the module docstring)."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=endpoint(), token=token, library_name="quantize",
+                library_version=__version__)
+    first_head: list[str | None] = [_UNSEEN]
+    for attempt in range(1, retries + 1):
+        try:
+            return _push_once(api, folder, repo_id, private, message, description, first_head)
+        except Exception as exc:  # any message may quote the token: all are redacted
+            if not is_transient(exc) or attempt == retries:
+                raise PublishError(explain(exc, repo_id, token)) from None
+            wait = backoff_s * 2 ** (attempt - 1)
+            warn(redact(f"transient Hub error ({type(exc).__name__}: "
+                        f"{(str(exc).splitlines() or [''])[0]}); retry {attempt}/{retries - 1} "
+                        f"in {wait:.1f}s", token))
+            time.sleep(wait)
+    raise AssertionError("unreachable")

@@ -1,0 +1,208 @@
+"""Reading a run for release: everything the card and the upload need, checked.
+
+Refused (PublishError) is whatever must not ship: an export that is missing, incomplete or no
+longer matches the manifest's hashes; eval/gate results that do not match their hashes or
+belong to an older export (the stage-key chain); a failed verification. A failed or absent
+gate is not refused here but named in `RunFiles.refusal` (publish refuses it unless
+`--force`).
+
+Verify is a recorded stage: its manifest record's `inputs.export` names the export it
+checked. A verify result counts only when that is the current export's key; a record for
+another export is refused, and a verify.json with no record (run folders written before
+verify was recorded) is left out, so the card says "not verified". File times are never
+used to judge freshness.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from quantize.errors import ExportError, PublishError, QuantizeError
+from quantize.run.files import check_tree
+from quantize.run.manifest import MANIFEST, Manifest, ModelInfo, RunFolder
+from quantize.spec.recipe import Recipe
+from quantize.spec.yamlio import parse_model
+from quantize.stages.publish.messages import redact, warn
+
+Json = dict[str, Any]  # a result file as its stage wrote it (shipped verbatim, scrubbed)
+
+
+class ExportManifest(BaseModel):
+    """export/manifest.json: the run's header as the export saw it, plus every file's
+    sha256 (only the fields publish reads are typed; the rest is kept)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: ModelInfo | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+    calibration: Json | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+@dataclass
+class RunFiles:
+    """A run folder read and checked: everything the card and the upload need."""
+
+    dir: Path
+    manifest: Manifest
+    export: Path
+    export_manifest: ExportManifest
+    export_manifest_json: Json  # the file as written (shipped scrubbed under quantize/)
+    config: Json  # the export's config.json
+    recipe: Recipe
+    recipe_text: str
+    eval: Json | None
+    gate: Json | None
+    verify: Json | None
+    refusal: str  # why the gate does not allow a release ("" when it does)
+
+    @property
+    def export_key(self) -> str:
+        rec = self.manifest.stage("export")
+        return rec.key if rec else ""
+
+
+def _json(path: Path, what: str) -> Json:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PublishError(f"refused: {what} {path} is missing; re-run the stage that "
+                           "writes it") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise PublishError(f"refused: {what} {path} is not valid JSON; re-run the stage "
+                           "that writes it") from None
+    if not isinstance(data, dict):
+        raise PublishError(f"refused: {what} {path} is not a JSON object; re-run its stage")
+    return data
+
+
+def _check_stage_files(folder: RunFolder, manifest: Manifest, stage: str) -> None:
+    rec = manifest.stage(stage)
+    try:
+        check_tree(folder.stage_dir(stage), rec.outputs if rec else {}, stage)
+    except ExportError as exc:
+        raise PublishError(f"refused: {exc}") from None
+
+
+def _check_metrics(ev: Json, path: Path) -> None:
+    need = ("name", "baseline", "candidate", "recovery", "threshold")
+    rows = ev.get("metrics")
+    if not isinstance(rows, list) or not rows:
+        raise PublishError(f"refused: {path} has no `metrics` list; re-run the eval stage")
+    for row in rows:
+        missing = [k for k in need if not isinstance(row, dict) or row.get(k) is None]
+        if missing:
+            raise PublishError(f"refused: {path}: a metric lacks {missing}; re-run the eval "
+                               "stage")
+
+
+def _read_eval_gate(folder: RunFolder, manifest: Manifest, export_key: str
+                    ) -> tuple[Json | None, Json | None, str]:
+    """eval.json and gate.json, checked; and why the gate does not allow a release."""
+    ev_rec, gate_rec = manifest.stage("eval"), manifest.stage("gate")
+    ev = gate = None
+    if ev_rec is not None:
+        _check_stage_files(folder, manifest, "eval")
+        if ev_rec.inputs.get("export") not in (None, export_key):
+            raise PublishError("refused: the eval results belong to an older export; re-run "
+                               "`quantize run` to evaluate the current one")
+        path = folder.stage_dir("eval") / "eval.json"
+        ev = _json(path, "eval result")
+        _check_metrics(ev, path)
+    if gate_rec is not None:
+        if ev_rec is None:
+            raise PublishError("refused: the run has a gate result but no eval result; "
+                               "re-run `quantize run`")
+        _check_stage_files(folder, manifest, "gate")
+        if gate_rec.inputs.get("eval") not in (None, ev_rec.key):
+            raise PublishError("refused: the gate result belongs to an older eval; re-run "
+                               "`quantize run` to gate the current one")
+        gate = _json(folder.stage_dir("gate") / "gate.json", "gate result")
+    if gate is None:
+        return ev, None, "the run has not been evaluated and gated"
+    failures = [str(f) for f in gate.get("failures") or []]
+    if gate.get("verdict") != "pass" or gate.get("releasable") is False \
+            or manifest.releasable is False:
+        return ev, gate, ("the release gate failed on " + (", ".join(failures) or
+                                                          f"verdict {gate.get('verdict')!r}"))
+    return ev, gate, ""
+
+
+def _read_verify(folder: RunFolder, manifest: Manifest, export_key: str) -> Json | None:
+    """verify.json when the manifest records it for the current export (see the module
+    docstring); a failed verification is refused."""
+    rec = manifest.stage("verify")
+    path = folder.stage_dir("verify") / "verify.json"
+    if rec is None or rec.inputs.get("export") is None:
+        if path.is_file():
+            warn(f"{path} is not recorded in the run manifest for an export, so the card says "
+                 "`not verified`; re-run `quantize verify` on the run")
+        return None
+    if rec.inputs["export"] != export_key:
+        raise PublishError("refused: the verify result belongs to an older export; re-run "
+                           "`quantize verify`")
+    _check_stage_files(folder, manifest, "verify")
+    result = _json(path, "verify result")
+    if result.get("passed") is False:
+        why = result.get("result") or result.get("error") or "see verify.json"
+        raise PublishError(redact(f"refused: verification at level {result.get('level')!r} "
+                                  f"failed ({why}); fix the export and re-run `quantize "
+                                  "verify`", None))
+    return result
+
+
+def _read_manifest(folder: RunFolder) -> Manifest:
+    if not folder.is_run():
+        raise PublishError(f"refused: {folder.path} is not a run folder (no {MANIFEST}); give "
+                           "the folder `quantize run` wrote (runs/<model>-<recipe>)")
+    try:
+        return folder.read()
+    except ExportError as exc:
+        raise PublishError(f"refused: {exc}") from None
+
+
+def _read_export_manifest(path: Path) -> tuple[ExportManifest, Json]:
+    raw = _json(path, "export manifest")
+    try:
+        return ExportManifest.model_validate(raw), raw
+    except ValidationError as exc:
+        where = ".".join(str(x) for x in exc.errors()[0]["loc"])
+        raise PublishError(f"refused: {path} is not an export manifest this version reads "
+                           f"({where}: {exc.errors()[0]['msg']}); re-export the run") from None
+
+
+def read_run(run_dir: Path) -> RunFiles:
+    """Read and check everything a release needs; raise PublishError on what must not ship."""
+    from quantize.stages.export import check_checkpoint
+
+    folder = RunFolder(run_dir)
+    manifest = _read_manifest(folder)
+    export_rec = manifest.stage("export")
+    if export_rec is None:
+        raise PublishError(f"refused: {run_dir} has no finished export; run `quantize export` "
+                           "(or `quantize run`) first")
+    export = folder.export
+    _check_stage_files(folder, manifest, "export")
+    try:
+        config = check_checkpoint(export)
+    except ExportError as exc:
+        raise PublishError(f"refused: {exc}") from None
+    recipe_path = export / "recipe.yaml"
+    if not recipe_path.is_file():
+        raise PublishError(f"refused: {recipe_path} is missing; re-export the run")
+    recipe_text = recipe_path.read_text(encoding="utf-8")
+    try:
+        recipe: Recipe = parse_model(Recipe, recipe_text, str(recipe_path))
+    except QuantizeError as exc:
+        raise PublishError(f"refused: the run's recipe no longer parses ({exc}); re-run "
+                           "with the current recipe") from None
+    export_manifest, export_manifest_json = _read_export_manifest(export / MANIFEST)
+    ev, gate, refusal = _read_eval_gate(folder, manifest, export_rec.key)
+    verify = _read_verify(folder, manifest, export_rec.key)
+    return RunFiles(run_dir, manifest, export, export_manifest, export_manifest_json, config,
+                    recipe, recipe_text, ev, gate, verify, refusal)
