@@ -304,7 +304,7 @@ def check_tensor_parallel(config: dict[str, Any], model: Any, schemes: list[Laye
 def _vllm_registry_text() -> tuple[str, str] | None:
     """(vLLM version, its model registry source) from the vLLM environment, read as text so
     that pre-flight stays fast and works without importing vLLM."""
-    from quantize.vllm.support import find_vllm_python
+    from quantize.vllm.host import find_vllm_python
 
     try:
         python = find_vllm_python()

@@ -28,19 +28,23 @@ from quantize.errors import VerifyError
               show_default=True, help="seconds before the vLLM process is killed")
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
               help="where verify.json goes (default <run>/verify)")
+@click.option("--rerun", is_flag=True, default=False,
+              help="verify again even when the run's recorded result is up to date")
 @handle_errors
 def verify_cmd(target: Path, tp: int, kv_cache_dtype: str, vllm_python: Path | None,
-               level: str, timeout_s: int, out: Path | None) -> None:
+               level: str, timeout_s: int, out: Path | None, rerun: bool) -> None:
     """Load TARGET (a run folder or an export folder) in vLLM in its own environment,
     decode greedily from fixed prompts and compare token choices and log-probabilities with
     transformers. Where this host's vLLM cannot run the format, a decode check runs instead
-    and the report says so. Exit status 0 only on a pass."""
+    and the report says so. On a run folder the result is recorded in its manifest and reused
+    while the export and these options are unchanged (--rerun verifies again). Exit status 0
+    only on a pass."""
     from quantize.progress import step
     from quantize.stages.verify import verify
 
     with step(f"verifying {target}"):
         s = verify(target, tp=tp, kv_cache_dtype=kv_cache_dtype, vllm_python=vllm_python,
-                   level=level, timeout_s=timeout_s, out=out)
+                   level=level, timeout_s=timeout_s, out=out, rerun=rerun)
     _print(s)
     if s["verdict"] != "pass":
         raise VerifyError(f"{s.get('error', 'verification failed')} "
@@ -49,6 +53,7 @@ def verify_cmd(target: Path, tp: int, kv_cache_dtype: str, vllm_python: Path | N
 
 def _print(s: dict[str, object]) -> None:
     from quantize.progress import console
+    from quantize.stages.verify import dtype_note
 
     ok = s["verdict"] == "pass"
     color = "green" if ok else "red"
@@ -71,6 +76,8 @@ def _print(s: dict[str, object]) -> None:
         keys = ("agreement", "mean_abs_dlogprob", "max_abs_dlogprob", "greedy_prefix_match",
                 "worst_weight_rel_diff", "source_cosine_min")
         console.print("  " + ", ".join(f"{k} {m[k]}" for k in keys if m.get(k) is not None))
+    if note := dtype_note(s):
+        console.print(f"[yellow]{note}[/yellow]")
     if s.get("serve_command"):
         console.print(f"reproduce: {s['serve_command']}")
     console.print(f"report: {s['out']}/verify.json ({s['duration_s']} s)")

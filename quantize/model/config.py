@@ -38,7 +38,8 @@ def read_config(folder: Path, *, error: type[Exception] = ModelError) -> dict[st
         raise error(f"{folder} has no {CONFIG}; point at the folder that holds config.json "
                     "and the weights") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise error(f"{path}: cannot read JSON ({exc}); fix or re-download it") from None
+        raise error(f"{path}: config.json is not valid JSON ({exc}); fix or re-download it") \
+            from None
     if not isinstance(data, dict):
         raise error(f"{path}: expected a JSON object")
     return data

@@ -65,7 +65,7 @@ def dense_native(path: Path, config: dict[str, Any], device: str) -> Any:
     difference that would be the kernel's, not the engine's. `quantize verify` checks that
     this decode equals GPTQModel's own (bit for bit on the default model) and vLLM's output."""
 
-    from quantize.stages.verify import build_reference
+    from quantize.model.decode import build_reference
 
     model, _ = build_reference(path, config)
     if device != "cpu":

@@ -20,6 +20,7 @@ import pytest
 
 from quantize.pipeline import RunOptions, run
 from quantize.spec.recipe import load_recipe
+from quantize.vllm import host as vllm_host
 from quantize.vllm import support as capabilities
 
 # recipe, the packages its extra brings, (quant_method, format) written to config.json
@@ -197,7 +198,7 @@ def test_engines_compare_with_llmcompressor_through_eval_and_gate(
         "| gptq-int4-gptqmodel | gptq-int4-gptqmodel |" in table
 
 
-VLLM = capabilities.find_vllm_python()
+VLLM = vllm_host.find_vllm_python()
 
 
 @pytest.mark.vllm
@@ -206,7 +207,7 @@ VLLM = capabilities.find_vllm_python()
 def test_engine_export_loads_in_vllm(recipe: str, exported: Any, tmp_path: Path) -> None:
     from quantize.stages import verify as V
 
-    host = capabilities.detect()
+    host = vllm_host.detect()
     fmt = capabilities.checkpoint_format(
         json.loads((exported(recipe) / "export" / "config.json").read_text()))
     if not capabilities.supported(fmt, host).ok:

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 from quantize.stages import verify as V
-from quantize.vllm import support as capabilities
+from quantize.vllm import host as vllm_host
 
-VLLM_PYTHON = capabilities.find_vllm_python()
+VLLM_PYTHON = vllm_host.find_vllm_python()
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(VLLM_PYTHON is None, reason=(
@@ -77,7 +77,7 @@ def _assert_full_pass(s: dict[str, Any], scheme_class: str) -> None:
 
 
 def test_probe_sees_this_host() -> None:
-    host = capabilities.detect(VLLM_PYTHON)
+    host = vllm_host.detect(VLLM_PYTHON)
     assert host.problem is None and host.vllm_version
     assert host.device in ("cpu", "cuda")
     if host.device == "cpu":

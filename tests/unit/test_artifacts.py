@@ -1,15 +1,11 @@
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from quantize.errors import ExportError, LockedError
+from quantize.errors import ExportError
 from quantize.run.files import atomic_dir, atomic_write_json, check_tree, hash_tree, tmp_dir_for
-from quantize.run.lock import run_lock
 from quantize.run.manifest import read_manifest
 
 

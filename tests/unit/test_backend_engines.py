@@ -18,6 +18,7 @@ import pytest
 from quantize.errors import BackendUnavailable, NotImplementedFeature, RecipeError
 from quantize.spec.engines import ENGINE_SCHEMES
 from quantize.spec.recipe import load_recipe
+from quantize.vllm import host as H
 from quantize.vllm import support as caps
 
 BASE = """\
@@ -168,8 +169,8 @@ GPTQ_QC = {"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": True, "de
            "checkpoint_format": "gptq", "format": "gptq"}
 AWQ_QC = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
           "version": "gemm", "format": "gemm"}
-AVX512 = caps.Host("/x/python", "0.32.0", "cpu", {"avx512": True}, {"cpu_gemm_wna16": True})
-AVX2 = caps.Host("/x/python", "0.32.0", "cpu", {"avx2": True}, {})
+AVX512 = H.Host("/x/python", "0.32.0", "cpu", {"avx512": True}, {"cpu_gemm_wna16": True})
+AVX2 = H.Host("/x/python", "0.32.0", "cpu", {"avx2": True}, {})
 
 
 @pytest.mark.parametrize(("qc", "label"), [
@@ -191,7 +192,7 @@ def test_native_checkpoint_formats(qc: dict[str, Any], label: str) -> None:
     (AVX512, {**GPTQ_QC, "bits": 8}, r"CPU kernel takes 4-bit integer weights only"),
     (AVX2, GPTQ_QC, r"needs AVX-512 or a GPU \(the CPU build lacks cpu_gemm_wna16\)"),
 ])
-def test_native_formats_vllm_refuses(host: caps.Host, qc: dict[str, Any], reason: str) -> None:
+def test_native_formats_vllm_refuses(host: H.Host, qc: dict[str, Any], reason: str) -> None:
     fmt = caps.checkpoint_format({"quantization_config": qc})
     support = caps.supported(fmt, host)
     assert not support.ok
@@ -250,7 +251,8 @@ def _i32(a: Any) -> Any:
 def test_native_decode_reads_the_engines_layouts(method: str) -> None:
     import torch
 
-    from quantize.stages import verify as V
+    from quantize.model import decode as D
+    from quantize.model.qconfig import parse
 
     torch.manual_seed(0)
     in_f, out_f, gs = 128, 64, 32
@@ -261,37 +263,38 @@ def test_native_decode_reads_the_engines_layouts(method: str) -> None:
     expected = ((q - zeros.repeat_interleave(gs, 0)) * scales.float().repeat_interleave(gs, 0)).T
     qc = GPTQ_QC if method == "gptq" else AWQ_QC
     qweight, qzeros = (_pack_gptq if method == "gptq" else _pack_awq)(q, zeros)
-    got = V.decode_native({"qweight": qweight, "qzeros": qzeros, "scales": scales},
-                          V.native_args({**qc, "group_size": gs}))
+    got = D.decode_native({"qweight": qweight, "qzeros": qzeros, "scales": scales},
+                          D.native_args(parse({**qc, "group_size": gs})))
     assert got.shape == (out_f, in_f)
     assert torch.equal(got, expected.float())
     # a misread layout is caught: the AWQ order read as GPTQ's standard order, or v1 zero
     # points read without their offset
     if method == "awq":
         wrong = _pack_awq(q, zeros, order_map=tuple(range(8)))[0]  # standard bit order
-        bad = V.decode_native({"qweight": wrong, "qzeros": qzeros, "scales": scales},
-                              V.native_args({**qc, "group_size": gs}))
+        bad = D.decode_native({"qweight": wrong, "qzeros": qzeros, "scales": scales},
+                              D.native_args(parse({**qc, "group_size": gs})))
     else:
-        bad = V.decode_native({"qweight": qweight, "qzeros": qzeros, "scales": scales},
-                              V.native_args({**qc, "group_size": gs, "checkpoint_format":
-                                             "gptq_v2"}))
+        bad = D.decode_native({"qweight": qweight, "qzeros": qzeros, "scales": scales},
+                              D.native_args(parse({**qc, "group_size": gs,
+                                                   "checkpoint_format": "gptq_v2"})))
     assert not torch.allclose(bad, expected.float())
 
 
 def test_native_formats_verify_does_not_decode_are_refused() -> None:
     from quantize.errors import VerifyError
-    from quantize.stages import verify as V
+    from quantize.model import decode as D
+    from quantize.model.qconfig import parse
 
     with pytest.raises(VerifyError, match=r"native GPTQ checkpoint_format 'gptq_p'"):
-        V.native_args({**GPTQ_QC, "checkpoint_format": "gptq_p"})
+        D.native_args(parse({**GPTQ_QC, "checkpoint_format": "gptq_p"}))
     with pytest.raises(VerifyError, match=r"native AWQ 'gemv' 4-bit has no reference decode"):
-        V.native_args({**AWQ_QC, "version": "gemv", "format": "gemv"})
+        D.native_args(parse({**AWQ_QC, "version": "gemv", "format": "gemv"}))
 
 
 def test_effective_weight_of_a_kernel_module_is_its_action_on_the_identity() -> None:
     import torch
 
-    from quantize.stages import verify as V
+    from quantize.model import decode as D
 
     class Kernel(torch.nn.Module):  # a quantized-kernel stand-in: no float `weight`
         in_features = 16
@@ -304,9 +307,9 @@ def test_effective_weight_of_a_kernel_module_is_its_action_on_the_identity() -> 
             return x @ self.w.T + self.bias
 
     w, b = torch.randn(8, 16), torch.randn(8)
-    assert torch.allclose(V.effective_weight(Kernel(w, b)), w, atol=1e-6)
+    assert torch.allclose(D.effective_weight(Kernel(w, b)), w, atol=1e-6)
     lin = torch.nn.Linear(16, 8)
-    assert torch.equal(V.effective_weight(lin), lin.weight.detach())
+    assert torch.equal(D.effective_weight(lin), lin.weight.detach())
 
 
 def test_source_dtype_is_sixteen_bit(tmp_path: Path) -> None:

@@ -67,8 +67,8 @@ def test_paired_se() -> None:
 
 
 def test_the_printed_gate_keeps_names_whole_and_puts_notes_under_it() -> None:
-    from quantize.progress import console
     from quantize.cli.summary import print_gate
+    from quantize.progress import console
 
     rows = [{"name": "general_knowledge", "baseline": 0.4571, "candidate": 0.4,
              "recovery": 0.875, "threshold": 0.9, "verdict": "fail",

@@ -14,7 +14,12 @@ from typing import Any
 import pytest
 
 from quantize.errors import VerifyError
+from quantize.model import decode as D
+from quantize.model.qconfig import Args
 from quantize.stages import verify as V
+from quantize.stages.verify import target as T
+from quantize.stages.verify import vllm_run as VR
+from quantize.vllm import host as H
 from quantize.vllm import support as caps
 
 # --- formats and rules ------------------------------------------------------------------
@@ -40,15 +45,15 @@ F8BLOCK = {**F8CH, "strategy": "block", "block_structure": [128, 128]}
 KV = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}
 
 OPS_ALL = dict.fromkeys(("cpu_gemm_wna16", "onednn_scaled_mm", "static_scaled_fp8_quant"), True)
-AVX2 = caps.Host("py", "0.32.0", "cpu", {"avx2": True, "avx512": False, "amx_tile": False},
+AVX2 = H.Host("py", "0.32.0", "cpu", {"avx2": True, "avx512": False, "amx_tile": False},
                  {**OPS_ALL, "cpu_gemm_wna16": False, "static_scaled_fp8_quant": False})
-AVX512 = caps.Host("py", "0.32.0", "cpu", {"avx2": True, "avx512": True, "amx_tile": False},
+AVX512 = H.Host("py", "0.32.0", "cpu", {"avx2": True, "avx512": True, "amx_tile": False},
                    OPS_ALL)
-AMX = caps.Host("py", "0.32.0", "cpu", {"avx512": True, "amx_tile": True}, OPS_ALL)
+AMX = H.Host("py", "0.32.0", "cpu", {"avx512": True, "amx_tile": True}, OPS_ALL)
 
 
-def gpu(cap: int) -> caps.Host:
-    return caps.Host("py", "0.32.0", "cuda", gpus=[cap])
+def gpu(cap: int) -> H.Host:
+    return H.Host("py", "0.32.0", "cuda", gpus=[cap])
 
 
 def test_formats_are_classified() -> None:
@@ -83,7 +88,7 @@ def test_other_quant_methods_are_refused() -> None:
     (gpu(75), qconfig(F8CH, F8TOK), r"FP8 needs compute capability >= 8.0"),
     (gpu(90), qconfig(W2G64), r"2-bit weights have no built-in vLLM CUDA kernel"),
 ])
-def test_unsupported_formats_say_why(host: caps.Host, cfg: dict[str, Any], reason: str) -> None:
+def test_unsupported_formats_say_why(host: H.Host, cfg: dict[str, Any], reason: str) -> None:
     s = caps.supported(caps.checkpoint_format(cfg), host)
     assert not s.ok
     assert s.reason.startswith("not verifiable on this host: ")
@@ -96,7 +101,7 @@ def test_unsupported_formats_say_why(host: caps.Host, cfg: dict[str, Any], reaso
     (AVX512, qconfig(F8CH, F8STATIC)), (AMX, qconfig(F8BLOCK, F8TOK)),
     (gpu(80), qconfig(W4G64)), (gpu(89), qconfig(F8CH, F8TOK, KV)),
 ])
-def test_supported_formats(host: caps.Host, cfg: dict[str, Any]) -> None:
+def test_supported_formats(host: H.Host, cfg: dict[str, Any]) -> None:
     assert caps.supported(caps.checkpoint_format(cfg), host).ok
 
 
@@ -107,8 +112,25 @@ def test_kv_cache_override_makes_avx2_verifiable() -> None:
     assert not caps.supported(caps.checkpoint_format(qconfig(F8CH, F8TOK)), AVX2, "fp8").ok
 
 
+@pytest.mark.parametrize(("cfg", "device", "flag"), [
+    ({**qconfig(W8CH, A8TOK), "dtype": "float16"}, "cpu", "--dtype bfloat16"),
+    ({**qconfig(W8CH, A8TOK), "torch_dtype": "float32"}, "cpu", "--dtype bfloat16"),
+    ({**qconfig(F8CH, F8TOK), "dtype": "float16"}, "cpu", None),
+    ({**qconfig(W8CH, A8TOK), "dtype": "bfloat16"}, "cpu", None),  # its own dtype runs
+    ({**qconfig(W4G64), "dtype": "float16"}, "cpu", None),
+    ({**qconfig(W8CH, A8TOK), "dtype": "float16"}, "cuda", None),
+])
+def test_serving_dtype_names_the_flag_only_where_the_own_dtype_cannot_run(
+        cfg: dict[str, Any], device: str, flag: str | None) -> None:
+    need = caps.serving_dtype(caps.checkpoint_format(cfg), device)
+    assert (need.flag if need else None) == flag
+    if need and cfg.get("dtype") == "float16" and "INT8" in need.reason:
+        assert need.reason == ("vLLM CPU runs INT8 W8A8 only at --dtype bfloat16; this export "
+                               "declares float16")
+
+
 def test_no_vllm_env_is_not_verifiable_and_says_how_to_fix() -> None:
-    host = caps.Host(None, problem="no vLLM environment: run `make vllm-env`, or pass "
+    host = H.Host(None, problem="no vLLM environment: run `make vllm-env`, or pass "
                                    "--vllm-python")
     s = caps.supported(caps.checkpoint_format({}), host)
     assert not s.ok and "make vllm-env" in s.reason
@@ -116,7 +138,7 @@ def test_no_vllm_env_is_not_verifiable_and_says_how_to_fix() -> None:
 
 def test_find_vllm_python_rejects_a_missing_path(tmp_path: Path) -> None:
     with pytest.raises(VerifyError, match=r"does not exist; .* `make vllm-env`"):
-        caps.find_vllm_python(tmp_path / "nope" / "python")
+        H.find_vllm_python(tmp_path / "nope" / "python")
 
 
 # --- comparing ------------------------------------------------------------------------------
@@ -164,8 +186,8 @@ def test_unpack_matches_compressed_tensors_pack(bits: int) -> None:
     g = torch.Generator().manual_seed(bits)
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     q = torch.randint(lo, hi + 1, (6, 40), generator=g, dtype=torch.int8)
-    assert torch.equal(V._unpack(pack_to_int32(q, bits, packed_dim=1), bits, 40, 1) + lo, q)
-    assert torch.equal(V._unpack(pack_to_int32(q, bits, packed_dim=0), bits, 6, 0) + lo, q)
+    assert torch.equal(D._unpack(pack_to_int32(q, bits, packed_dim=1), bits, 40, 1) + lo, q)
+    assert torch.equal(D._unpack(pack_to_int32(q, bits, packed_dim=0), bits, 6, 0) + lo, q)
 
 
 def test_decode_grouped_asymmetric_with_g_idx() -> None:
@@ -180,7 +202,7 @@ def test_decode_grouped_asymmetric_with_g_idx() -> None:
     t = {"weight_packed": pack_to_int32(q, 4), "weight_scale": scale,
          "weight_zero_point": pack_to_int32(zp, 4, packed_dim=0),
          "weight_shape": torch.tensor([4, 8]), "weight_g_idx": g_idx}
-    w = V.decode_weight(t, {"num_bits": 4, "strategy": "group", "group_size": 4})
+    w = D.decode_weight(t, Args(4, strategy="group", group_size=4))
     expect = (q.float() - zp.float()[:, g_idx]) * scale[:, g_idx]
     assert torch.allclose(w, expect)
 
@@ -190,16 +212,17 @@ def test_decode_channel_int8_and_fp8() -> None:
 
     q = torch.tensor([[1, -2], [3, 127]], dtype=torch.int8)
     s = torch.tensor([[0.5], [2.0]])
-    w = V.decode_weight({"weight": q, "weight_scale": s}, {"num_bits": 8, "strategy": "channel"})
+    w = D.decode_weight({"weight": q, "weight_scale": s}, Args(8, strategy="channel"))
     assert torch.equal(w, torch.tensor([[0.5, -1.0], [6.0, 254.0]]))
     f = torch.tensor([[1.5, -448.0]]).to(torch.float8_e4m3fn)
-    w = V.decode_weight({"weight": f, "weight_scale": torch.tensor([[0.25]])}, {})
+    w = D.decode_weight({"weight": f, "weight_scale": torch.tensor([[0.25]])},
+                        Args(8, "float", strategy="channel"))
     assert torch.equal(w, torch.tensor([[0.375, -112.0]]))
 
 
 # --- the worker protocol ------------------------------------------------------------------
 def test_worker_quotes_the_import_error_of_a_python_without_vllm(tmp_path: Path) -> None:
-    res = caps.run_worker(Path(sys.executable), {"op": "generate", "model": "x", "prompts": [],
+    res = H.run_worker(Path(sys.executable), {"op": "generate", "model": "x", "prompts": [],
                                                  "max_tokens": 1}, tmp_path, "w", 120)
     assert res["ok"] is False
     assert res["error"] == "ModuleNotFoundError: No module named 'vllm'"
@@ -207,15 +230,15 @@ def test_worker_quotes_the_import_error_of_a_python_without_vllm(tmp_path: Path)
 
 
 def test_worker_rejects_unknown_ops(tmp_path: Path) -> None:
-    res = caps.run_worker(Path(sys.executable), {"op": "dance"}, tmp_path, "w", 60)
+    res = H.run_worker(Path(sys.executable), {"op": "dance"}, tmp_path, "w", 60)
     assert res["ok"] is False and "unknown op 'dance'" in res["error"]
 
 
 def test_worker_timeout_kills_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     slow = tmp_path / "slow.py"
     slow.write_text("import time\ntime.sleep(60)\n")
-    monkeypatch.setattr(caps, "WORKER", slow)
-    res = caps.run_worker(Path(sys.executable), {"op": "probe"}, tmp_path, "w", 1)
+    monkeypatch.setattr(H, "WORKER", slow)
+    res = H.run_worker(Path(sys.executable), {"op": "probe"}, tmp_path, "w", 1)
     assert res["ok"] is False and res["error"].startswith("timed out after 1s")
 
 
@@ -225,8 +248,8 @@ def test_worker_crash_quotes_the_last_error_line(tmp_path: Path,
     crash.write_text("import sys\nprint('INFO loading')\n"
                      "print('RuntimeError: cpu_gemm_wna16 is not registered')\n"
                      "print('INFO cleanup')\nsys.exit(7)\n")
-    monkeypatch.setattr(caps, "WORKER", crash)
-    res = caps.run_worker(Path(sys.executable), {"op": "probe"}, tmp_path, "w", 60)
+    monkeypatch.setattr(H, "WORKER", crash)
+    res = H.run_worker(Path(sys.executable), {"op": "probe"}, tmp_path, "w", 60)
     assert res["error"] == ("the vLLM process exited with status 7 without a result: "
                             "RuntimeError: cpu_gemm_wna16 is not registered")
 
@@ -256,7 +279,7 @@ def test_error_line_keeps_a_list_of_reasons() -> None:
 
 
 def test_detect_without_vllm_reports_the_problem(tmp_path: Path) -> None:
-    host = caps.detect(sys.executable, workdir=tmp_path, use_cache=False)
+    host = H.detect(sys.executable, workdir=tmp_path, use_cache=False)
     assert host.problem is not None and "vLLM does not import" in host.problem
     assert "No module named 'vllm'" in host.problem
 
@@ -295,7 +318,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         oneshot(model=model, processor=tok, recipe=[recipe], log_dir=str(root / "logs"))
         model.save_pretrained(root / name, save_compressed=True)
         tok.save_pretrained(root / name)
-        (root / name / "manifest.json").write_text(json.dumps({"model": {"path": str(dense)}}))
+        (root / name / "manifest.json").write_text(json.dumps({"model": {"source": "dense",
+                                                                          "path": str(dense)}}))
         out[name] = root / name
     return out
 
@@ -316,12 +340,12 @@ def test_decode_level_passes_on_a_sound_export(tiny: dict[str, Path], name: str,
 
 def test_decode_level_catches_a_decoder_mismatch(tiny: dict[str, Path], tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    real = V.decode_weight
+    real = D.decode_weight
 
-    def off_by_a_bit(t: dict[str, Any], wargs: dict[str, Any]) -> Any:
+    def off_by_a_bit(t: dict[str, Any], wargs: Args | None) -> Any:
         return real(t, wargs) * 1.01
 
-    monkeypatch.setattr(V, "decode_weight", off_by_a_bit)
+    monkeypatch.setattr(D, "decode_weight", off_by_a_bit)
     s = V.verify(tiny["w8a8"], level="decode", out=tmp_path / "v")
     assert s["verdict"] == "fail"
     assert "weights differ from the stored integers × scales" in s["error"]
@@ -387,7 +411,7 @@ def greedy_answer(ckpt: Path, garble: bool = False) -> dict[str, Any]:
     try:
         for p in V.prompt_ids(ckpt):
             ids, steps = list(p), []
-            for _ in range(V.MAX_TOKENS):
+            for _ in range(VR.MAX_TOKENS):
                 with torch.no_grad():
                     lp = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1], -1)
                 tok = int(lp.argmin() if garble else lp.argmax())
@@ -408,12 +432,12 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     worker.write_text(STAND_IN_WORKER)
     answer = tmp_path / "answer.json"
     monkeypatch.setenv("STAND_IN_ANSWER", str(answer))
-    monkeypatch.setattr(caps, "WORKER", worker)
-    monkeypatch.setattr(V, "PROMPTS", V.PROMPTS[:3])
-    monkeypatch.setattr(V, "MAX_TOKENS", 6)
-    monkeypatch.setattr(caps, "detect", lambda *a, **k: caps.Host(sys.executable, "stand-in",
-                                                                   "cpu", {"avx512": True},
-                                                                   OPS_ALL))
+    monkeypatch.setattr(H, "WORKER", worker)
+    monkeypatch.setattr(T, "PROMPTS", T.PROMPTS[:3])
+    monkeypatch.setattr(VR, "MAX_TOKENS", 6)
+    monkeypatch.setattr(H, "detect", lambda *a, **k: H.Host(sys.executable, "stand-in",
+                                                             "cpu", {"avx512": True},
+                                                             OPS_ALL))
     return answer
 
 
@@ -442,7 +466,7 @@ def test_vllm_level_fails_when_engines_disagree(tiny: dict[str, Path], stand_in:
 
 def test_vllm_level_load_failure_quotes_vllm(tiny: dict[str, Path], stand_in: Path,
                                              tmp_path: Path) -> None:
-    caps.WORKER.write_text("raise ValueError('Following weights were not initialized from "
+    H.WORKER.write_text("raise ValueError('Following weights were not initialized from "
                            "checkpoint: {model.norm.weight}')\n")
     s = V.verify(tiny["w8a8"], out=tmp_path / "v")
     assert s["verdict"] == "fail"
@@ -453,9 +477,9 @@ def test_vllm_level_load_failure_quotes_vllm(tiny: dict[str, Path], stand_in: Pa
 
 def test_level_vllm_without_vllm_is_an_error(tiny: dict[str, Path], tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(caps, "detect", lambda *a, **k: caps.Host(None, problem="no vLLM "
-                                                                  "environment: run `make "
-                                                                  "vllm-env`"))
+    monkeypatch.setattr(H, "detect", lambda *a, **k: H.Host(None, problem="no vLLM "
+                                                             "environment: run `make "
+                                                             "vllm-env`"))
     with pytest.raises(VerifyError, match=r"--level vllm: no vLLM environment: run `make"):
         V.verify(tiny["w8a8"], level="vllm", out=tmp_path / "v")
 
@@ -465,3 +489,56 @@ def test_tp_on_the_cpu_backend_falls_back_to_decode(tiny: dict[str, Path], stand
     s = V.verify(tiny["w8a8"], tp=2, out=tmp_path / "v")
     assert s["level"] == "decode" and s["verdict"] == "pass"
     assert "--tp 2 on the CPU backend" in s["why_not_vllm"]
+
+
+def test_vllm_level_serves_at_the_checkpoints_own_dtype_where_it_runs(
+        tiny: dict[str, Path], stand_in: Path, tmp_path: Path) -> None:
+    """A bf16 INT8 export needs no --dtype; the request leaves vLLM's auto in place."""
+    import shutil
+
+    ckpt = tmp_path / "bf16"
+    shutil.copytree(tiny["w8a8"], ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg.pop("torch_dtype", None)
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "dtype": "bfloat16"}))
+    stand_in.write_text(json.dumps(greedy_answer(tiny["w8a8"])))
+    s = V.verify(ckpt, out=tmp_path / "v")
+    assert s["verdict"] == "pass", s.get("error")
+    assert "--dtype" not in s["serve_command"] and "serve_dtype" not in s
+    assert "dtype" not in json.loads((tmp_path / "v" / "logs" / "vllm.request.json").read_text())
+
+
+def test_run_folder_is_a_recorded_stage(tiny: dict[str, Path], tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a run folder verify records stages.verify, its inputs naming the export's key (what
+    publish checks); a second call with the same inputs reuses it, --rerun runs again."""
+    import shutil
+
+    from quantize.run.files import hash_tree
+    from quantize.run.manifest import RunFolder, write_manifest
+    from quantize.stages.verify import stage
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny["w8a8"], run / "export")
+    export = {"key": "e" * 64, "status": "done", "inputs": {}, "summary": {},
+              "outputs": hash_tree(run / "export")}
+    write_manifest(run, {"stages": {"export": export}})
+    s = V.verify(run, level="decode")
+    assert (s["verdict"], s["out"]) == ("pass", str(run / "verify"))
+    manifest = RunFolder(run).read()
+    rec = manifest.stage("verify")
+    assert rec is not None and rec.inputs["export"] == manifest.stages["export"].key
+    assert rec.inputs["level"] == "decode" and rec.summary["verdict"] == "pass"
+    assert RunFolder(run).verified_stage(manifest, "verify") is not None
+
+    def must_not_run(*a: Any, **k: Any) -> Any:
+        raise AssertionError("verify ran again")
+
+    monkeypatch.setattr(stage, "run", must_not_run)
+    again = V.verify(run, level="decode")
+    assert again["verdict"] == "pass" and again["duration_s"] == s["duration_s"]
+    assert RunFolder(run).read().stages["verify"].started == rec.started
+    with pytest.raises(AssertionError, match="verify ran again"):
+        V.verify(run, level="decode", rerun=True)
+    with pytest.raises(AssertionError, match="verify ran again"):  # an input changed
+        V.verify(run, level="decode", tp=2)

@@ -90,9 +90,8 @@ def test_racing_processes_never_share_a_folder_with_a_stale_lock(tmp_path: Path)
 
 def test_entry_lock_serialises_writers(tmp_path: Path) -> None:
     lock = tmp_path / "entry.lock"
-    with entry_lock(lock), pytest.raises(LockedError):
-        with entry_lock(lock, wait_s=0.2):
-            pass
+    with entry_lock(lock), pytest.raises(LockedError), entry_lock(lock, wait_s=0.2):
+        pass
     with entry_lock(lock, wait_s=0.2):
         pass
     assert lock.exists()  # a shared cache's lock file stays

@@ -1,0 +1,289 @@
+"""Our own decode of a quantized checkpoint: stored integers, scales and zero points back to
+dense fp32 weights, written from the formats' layouts, not by calling the loaders.
+
+verify's decode level compares this with what transformers + compressed-tensors (or
+GPTQModel, for native GPTQ/AWQ) load, and the weights with the source model's; eval uses
+`build_reference` to run native exports on equal terms with compressed-tensors ones. Layouts
+read here:
+
+- compressed-tensors: `weight_packed` (int32 words, a little-endian bit stream of
+  offset-binary codes), `weight` (int8 or fp8), `weight_scale` per tensor, channel, group or
+  block, `weight_zero_point` (packed along the output), `weight_g_idx` (activation order);
+- native GPTQ (v1: zero points stored minus one, v2: as is) and AWQ GEMM (8 output columns per
+  word in the order 0,2,4,6,1,3,5,7).
+
+The quantization_config is read through quantize.model.qconfig, config.json through
+quantize.model.config; this module imports no stage.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quantize.errors import VerifyError
+from quantize.model.config import hf_config
+from quantize.model.qconfig import Args, Group, QuantConfig, read_quant_config
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _unpack(packed: torch.Tensor, bits: int, n: int, dim: int) -> torch.Tensor:
+    """Unsigned `bits`-bit values stored as a little-endian bit stream in int32 words along
+    `dim` (element i at bit i*bits), `n` values per row; returns int64."""
+    import numpy as np
+    import torch
+
+    words = packed.transpose(0, 1) if dim == 0 else packed
+    w = np.ascontiguousarray(words.numpy().astype("<i4")).view(np.uint8)
+    bitstream = np.unpackbits(w, axis=1, bitorder="little")[:, : n * bits]
+    vals = bitstream.reshape(words.shape[0], n, bits).astype(np.int64)
+    out = torch.from_numpy((vals << np.arange(bits, dtype=np.int64)).sum(axis=2))
+    return out.transpose(0, 1) if dim == 0 else out
+
+
+def decode_weight(t: dict[str, torch.Tensor], wargs: Args | None) -> torch.Tensor:
+    """Dense fp32 weight from one layer's stored tensors (compressed-tensors layouts);
+    `wargs`: the layer's weight arguments (None only for unpacked per-tensor/channel)."""
+    import torch
+
+    scale = t["weight_scale"].float()
+    if "weight_packed" in t:
+        if wargs is None:
+            raise VerifyError("a packed weight without weight arguments cannot be decoded")
+        bits = wargs.num_bits
+        out_f, in_f = (int(x) for x in t["weight_shape"].tolist())
+        q = _unpack(t["weight_packed"], bits, in_f, 1) - (1 << (bits - 1))
+        zp = None
+        if "weight_zero_point" in t:
+            zp = _unpack(t["weight_zero_point"], bits, out_f, 0) - (1 << (bits - 1))
+    else:
+        q = t["weight"].float() if t["weight"].is_floating_point() else t["weight"].long()
+        zp = t["weight_zero_point"].long() if "weight_zero_point" in t else None
+        out_f, in_f = q.shape
+    q = q.float()
+    if scale.numel() == 1:
+        return (q - (zp.float() if zp is not None else 0)) * scale.reshape(())
+    if scale.shape[1] == 1:  # per channel
+        return (q - (zp.float() if zp is not None else 0)) * scale
+    if wargs is None:
+        raise VerifyError("a grouped or blocked weight without weight arguments cannot be "
+                          "decoded")
+    if wargs.strategy == "block":
+        bh, bw = wargs.block_structure or (0, 0)
+        s = scale.repeat_interleave(bh, 0)[:out_f].repeat_interleave(bw, 1)[:, :in_f]
+        return q * s
+    gs = int(wargs.group_size or in_f)
+    g_idx = t.get("weight_g_idx")
+    cols = g_idx.long() if g_idx is not None else torch.arange(in_f) // gs
+    z = zp.float()[:, cols] if zp is not None else 0
+    return (q - z) * scale[:, cols]
+
+
+# --- native GPTQ / AWQ ----------------------------------------------------------------------
+# Native AWQ GEMM packs 8 output columns per int32 in the order 0,2,4,6,1,3,5,7 (AutoAWQ's
+# WQLinear_GEMM.from_linear); natural column c sits at nibble position _AWQ_POSITION[c].
+_AWQ_POSITION = (0, 4, 1, 5, 2, 6, 3, 7)
+
+
+@dataclass(frozen=True)
+class NativeArgs:
+    """What decoding a native GPTQ/AWQ layer needs."""
+
+    method: str  # gptq | awq
+    bits: int
+    group_size: int  # -1: one group over the whole input (per channel)
+    zero_offset: int  # GPTQ v1 ("gptq") stores each zero point minus one; v2 and AWQ as is
+
+
+def native_args(qc: QuantConfig) -> NativeArgs:
+    """The numbers of a native GPTQ/AWQ checkpoint, or why this module cannot decode it."""
+    w = qc.groups[0].weights if qc.groups else None
+    bits = w.num_bits if w else 0
+    gs = int(w.group_size) if w and w.group_size else -1
+    fmt = qc.native_version or ""
+    if qc.method == "gptq" and fmt not in ("gptq", "gptq_v2"):
+        raise VerifyError(f"native GPTQ checkpoint_format {fmt!r} has no reference decode; "
+                          "verify handles gptq and gptq_v2")
+    if qc.method == "awq" and (fmt.lower() != "gemm" or bits != 4):
+        raise VerifyError(f"native AWQ {fmt!r} {bits}-bit has no reference decode; verify "
+                          "handles 4-bit GEMM")
+    if qc.method not in ("gptq", "awq"):
+        raise VerifyError(f"quant_method {qc.method!r} is not a native GPTQ/AWQ checkpoint")
+    return NativeArgs(qc.method, bits, gs, 1 if (qc.method, fmt) == ("gptq", "gptq") else 0)
+
+
+def decode_native(t: dict[str, torch.Tensor], nargs: NativeArgs) -> torch.Tensor:
+    """Dense fp32 weight [out, in] from one layer's native GPTQ or AWQ GEMM tensors:
+    W = (q - zero) * scale per group, decoded from the bits here, not by the engine."""
+    import torch
+
+    bits, scale = nargs.bits, t["scales"].float()  # [groups, out]
+    qw, qz = t["qweight"], t["qzeros"]
+    if nargs.method == "gptq":  # qweight [in*bits/32, out], standard bit order
+        in_f, out_f = qw.shape[0] * 32 // bits, qw.shape[1]
+        q = _unpack(qw, bits, in_f, 0)  # [in, out]
+        z = _unpack(qz, bits, out_f, 1) + nargs.zero_offset  # [groups, out]
+    else:  # AWQ GEMM: qweight [in, out*bits/32], packed along the output in AWQ order
+        in_f, out_f = qw.shape[0], qw.shape[1] * 32 // bits
+        order = torch.tensor(_AWQ_POSITION)
+        q = _unpack(qw, bits, out_f, 1).reshape(in_f, -1, 8)[:, :, order].reshape(in_f, out_f)
+        z = _unpack(qz, bits, out_f, 1).reshape(qz.shape[0], -1, 8)[:, :, order].reshape(
+            qz.shape[0], out_f)
+    gs = nargs.group_size if nargs.group_size > 0 else in_f
+    g_idx = t.get("g_idx")
+    rows = g_idx.long() if g_idx is not None else torch.arange(in_f) // gs
+    return ((q.float() - z.float()[rows]) * scale[rows]).T.contiguous()
+
+
+# --- what a loaded model computes with ----------------------------------------------------
+def effective_weight(mod: Any) -> torch.Tensor:
+    """A layer's weight [out, in] as the loaded model uses it: its dense weight, or, for a
+    quantized kernel module without one (GPTQModel's), what it does to the identity."""
+    import torch
+
+    w = getattr(mod, "weight", None)
+    if isinstance(w, torch.Tensor) and w.is_floating_point():
+        return w.detach().float()
+    eye = torch.eye(int(mod.in_features), dtype=torch.float32)
+    with torch.no_grad():
+        y = mod(eye).float()
+    bias = getattr(mod, "bias", None)
+    if isinstance(bias, torch.Tensor):
+        y = y - bias.float()
+    return y.T
+
+
+def _fake_quant_hook(aargs: Args, input_scale: torch.Tensor | None) -> Any:
+    """Forward pre-hook quantizing a Linear's input as the scheme says (our own version)."""
+    import torch
+
+    bits, kind = aargs.num_bits, aargs.type
+    # compressed-tensors' symmetric scale is amax / ((q_max - q_min) / 2): 448 for FP8, 127.5
+    # for INT8 (vLLM's int8 kernel divides by 127: one source of engine difference).
+    qmax = 448.0 if kind == "float" else ((1 << bits) - 1) / 2
+    lo, hi = (-qmax, qmax) if kind == "float" else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+
+    def hook(_mod: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x = args[0]
+        if aargs.dynamic and aargs.strategy == "token":
+            s = x.abs().amax(dim=-1, keepdim=True) / qmax
+        elif aargs.dynamic:
+            s = x.abs().amax() / qmax
+        else:
+            assert input_scale is not None
+            s = input_scale.float()
+        s = s.clamp_min(1e-12)  # an all-zero row: any scale gives zeros
+        y = x / s
+        if kind == "float":
+            y = y.clamp(lo, hi).to(torch.float8_e4m3fn).float()
+        else:
+            y = torch.round(y).clamp(lo, hi)
+        return (y * s, *args[1:])
+
+    return hook
+
+
+def layer_groups(model: Any, qc: QuantConfig) -> dict[str, Group]:
+    """Which config group quantizes each layer; later groups win, as compressed-tensors
+    applies them in order."""
+    from compressed_tensors.utils import match_named_modules
+
+    out: dict[str, Group] = {}
+    for group in qc.groups:
+        for name, _ in match_named_modules(model, list(group.targets), list(qc.ignore)):
+            out[name] = group
+    return out
+
+
+# --- the reference model ------------------------------------------------------------------
+def _layer_tensors(raw: dict[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
+    return {k[len(name) + 1:]: v for k, v in raw.items() if k.startswith(name + ".")}
+
+
+def build_reference(ckpt: Path, config: dict[str, Any]) -> tuple[Any, dict[str, torch.Tensor]]:
+    """A plain dense transformers model holding our own decode of the checkpoint, with our
+    own activation-quantization hooks. Returns (model, decoded weights by layer name)."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    qc = read_quant_config(config, error=VerifyError)
+    if qc is None:
+        raise VerifyError(f"{ckpt}: config.json has no quantization_config; there is nothing "
+                          "to decode")
+    cfg = copy.deepcopy(hf_config(config))  # from_config may set attributes on it
+    with no_init_weights():  # every weight is loaded below; random init would be wasted
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    raw: dict[str, torch.Tensor] = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            raw.update({k: fh.get_tensor(k) for k in fh.keys()})  # noqa: SIM118
+    state: dict[str, torch.Tensor] = {}
+    decoded: dict[str, torch.Tensor] = {}
+    if qc.native:  # GPTQ/AWQ: every layer with a qweight
+        nargs = native_args(qc)
+        for name in sorted(k[: -len(".qweight")] for k in raw if k.endswith(".qweight")):
+            t = _layer_tensors(raw, name)
+            decoded[name] = state[name + ".weight"] = decode_native(t, nargs)
+            if t.get("bias") is not None:
+                state[name + ".bias"] = t["bias"].float()
+    else:
+        modules = dict(model.named_modules())
+        for name, group in layer_groups(model, qc).items():
+            mod = modules[name]
+            if not isinstance(mod, torch.nn.Linear):
+                continue
+            t = _layer_tensors(raw, name)
+            decoded[name] = state[name + ".weight"] = decode_weight(t, group.weights)
+            if t.get("bias") is not None:
+                state[name + ".bias"] = t["bias"].float()
+            if group.activations is not None:
+                mod.register_forward_pre_hook(
+                    _fake_quant_hook(group.activations, t.get("input_scale")))
+    quant_prefixes = tuple(n + "." for n in decoded)
+    for k, v in raw.items():
+        if not k.startswith(quant_prefixes) and v.is_floating_point():
+            state[k] = v.float()
+    missing, _unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (m == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing:
+        raise VerifyError(f"{ckpt}: the reference decode found no tensor for {missing[:3]}; "
+                          "the checkpoint is incomplete - re-run the export")
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
+    return model, decoded
+
+
+# --- resemblance to the source model ------------------------------------------------------
+def _column_cosine(w: torch.Tensor, d: torch.Tensor) -> float:
+    """Cosine of each input column of `w` with `d`'s, combined weighted by the column's energy
+    in `w`: invariant to per-input-channel rescaling (AWQ, SmoothQuant), and columns such
+    rescaling shrank to nearly nothing (coarsely quantized, harmless) barely count."""
+    import torch
+
+    cos = torch.nn.functional.cosine_similarity(w, d, dim=0).clamp(min=0)
+    energy = (w * w).sum(dim=0)
+    return float(torch.sqrt((energy * cos * cos).sum() / energy.sum().clamp_min(1e-30)))
+
+
+def weight_similarity(decoded: dict[str, torch.Tensor], src: Path) -> tuple[float, str]:
+    """(the worst layer's energy-weighted column cosine with the source weights, that layer)."""
+    from safetensors import safe_open
+
+    worst = (1.0, "")
+    for f in sorted(src.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            keys = set(fh.keys())
+            for name, w in decoded.items():
+                if name + ".weight" not in keys:
+                    continue
+                d = fh.get_tensor(name + ".weight").float()
+                c = _column_cosine(w, d) if d.shape == w.shape else 0.0
+                if not c >= worst[0]:
+                    worst = (c, name)
+    return worst
