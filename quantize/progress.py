@@ -35,3 +35,13 @@ def step(msg: str) -> Iterator[None]:
 
 def is_tty() -> bool:
     return sys.stderr.isatty()
+
+
+def human_bytes(n: float, top: str = "TiB") -> str:
+    """A byte count in the largest binary unit below 1024, up to `top` (B, KiB, ... TiB)."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    for unit in units[: units.index(top) + 1]:
+        if abs(n) < 1024 or unit == top:
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} {top}"

@@ -8,19 +8,11 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.table import Table
 
-from quantize.progress import console
+from quantize.progress import console, human_bytes
 from quantize.stages import STAGES
 
 if TYPE_CHECKING:
     from quantize.pipeline import Pipeline
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def print_gate(result: dict[str, Any]) -> None:

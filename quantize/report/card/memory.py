@@ -13,15 +13,13 @@ from dataclasses import dataclass
 from quantize.errors import QuantizeError
 from quantize.model.config import config_dtype, dtype_bytes, head_dim, model_shape
 from quantize.planner import kv
+from quantize.progress import human_bytes as _human_bytes
 from quantize.report.card.inputs import CardInputs, Json
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
+    """Sizes on the card stop at GiB, as they always have."""
+    return _human_bytes(n, top="GiB")
 
 
 def _counted(n: int | None) -> str:

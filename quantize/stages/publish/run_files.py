@@ -20,28 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from quantize.errors import ExportError, PublishError, QuantizeError
 from quantize.run.files import check_tree
-from quantize.run.manifest import MANIFEST, Manifest, ModelInfo, RunFolder
+from quantize.run.manifest import MANIFEST, ExportManifest, Manifest, RunFolder
 from quantize.spec.recipe import Recipe
 from quantize.spec.yamlio import parse_model
 from quantize.stages.publish.messages import redact, warn
 
 Json = dict[str, Any]  # a result file as its stage wrote it (shipped verbatim, scrubbed)
-
-
-class ExportManifest(BaseModel):
-    """export/manifest.json: the run's header as the export saw it, plus every file's
-    sha256 (only the fields publish reads are typed; the rest is kept)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: ModelInfo | None = None
-    versions: dict[str, str] = Field(default_factory=dict)
-    calibration: Json | None = None
-    files: dict[str, str] = Field(default_factory=dict)
 
 
 @dataclass
