@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantize.errors import PreflightError, QuantizeError, first_line
-from quantize.model.qconfig import without_quant_config
+from quantize.model.config import build_hf_config
 from quantize.progress import info
 from quantize.spec.recipe import Override, Recipe
 from quantize.spec.schemes import SCHEMES
@@ -25,11 +25,9 @@ class Layer:
 
 def meta_model(config: dict[str, Any], *, trust_remote_code: bool = False) -> Any:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    cfg_dict = without_quant_config(config)
-    model_type = cfg_dict.pop("model_type")
-    cfg = AutoConfig.for_model(model_type, **cfg_dict)
+    cfg = build_hf_config(config)
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
 
@@ -239,19 +237,19 @@ def check_fused_schemes(schemes: list[LayerScheme]) -> None:
                     "(list all or none of them in the override / ignore)")
 
 
-def _heads_check(config: dict[str, Any], tp: int) -> None:
-    heads = config.get("num_attention_heads")
+def heads_problem(heads: int | None, kv_heads: int | None, tp: int) -> str | None:
+    """Why vLLM cannot split `heads` query and `kv_heads` KV heads over `tp` ranks, or None.
+    One rule for pre-flight (from config.json) and the planner (from the model shape)."""
     if heads and heads % tp:
         ok = [d for d in range(1, heads + 1) if heads % d == 0]
-        raise PreflightError(
-            f"--tp {tp}: num_attention_heads {heads} is not divisible by {tp}, so vLLM "
-            f"refuses the model (vllm/config/model.py); use a tp in {ok}")
-    kv = config.get("num_key_value_heads") or heads
+        return (f"num_attention_heads {heads} is not divisible by {tp}, so vLLM refuses the "
+                f"model (vllm/config/model.py); use a tp in {ok}")
+    kv = kv_heads or heads
     if kv and (kv % tp if kv >= tp else tp % kv):
-        raise PreflightError(
-            f"--tp {tp}: num_key_value_heads {kv} cannot be split or replicated over {tp} "
-            "ranks (vllm/model_executor/layers/linear.py QKVParallelLinear); use a tp that "
-            f"divides {kv} or a multiple of it")
+        return (f"num_key_value_heads {kv} cannot be split or replicated over {tp} ranks "
+                "(vllm/model_executor/layers/linear.py QKVParallelLinear); use a tp that "
+                f"divides {kv} or a multiple of it")
+    return None
 
 
 def check_tensor_parallel(config: dict[str, Any], model: Any, schemes: list[LayerScheme],
@@ -260,7 +258,10 @@ def check_tensor_parallel(config: dict[str, Any], model: Any, schemes: list[Laye
     vLLM refuses to load; returns warnings for what it pads (slower but correct)."""
     if tp < 1:
         raise PreflightError(f"--tp {tp}: tensor parallelism needs a positive integer")
-    _heads_check(config, tp)
+    problem = heads_problem(config.get("num_attention_heads"),
+                            config.get("num_key_value_heads"), tp)
+    if problem:
+        raise PreflightError(f"--tp {tp}: {problem}")
     warnings: list[str] = []
     padded: list[str] = []
     for ls in schemes:

@@ -99,9 +99,17 @@ def hf_config(config: dict[str, Any]) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def _hf_config(config_json: str) -> Any:
+    return build_hf_config(json.loads(config_json))
+
+
+def build_hf_config(config: dict[str, Any]) -> Any:
+    """A new transformers config object for the unquantized architecture of `config` (the
+    meta model builder gets its own: building a model may set attributes on it)."""
     from transformers import AutoConfig
 
-    fields = {k: v for k, v in json.loads(config_json).items() if k != "quantization_config"}
+    from quantize.model.qconfig import without_quant_config
+
+    fields = without_quant_config(config)
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
@@ -184,6 +192,19 @@ def _layer_kinds(c: Any, layers: int, window: Any) -> tuple[str, ...]:
     if window and getattr(c, "use_sliding_window", True) is not False:
         return ("sliding",) * layers  # e.g. Mistral-7B-v0.1: every layer has the window
     return ("full",) * layers
+
+
+def kv_dims(config: dict[str, Any]) -> tuple[int, int, int] | None:
+    """(layers, KV heads, head dim) from the raw config (no transformers), for configs
+    transformers cannot build (remote-code architectures); None if it lacks the sizes."""
+    text = config.get("text_config") or config
+    dim = head_dim(config)
+    try:
+        layers = int(text["num_hidden_layers"])
+        kv_heads = int(text.get("num_key_value_heads") or text["num_attention_heads"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None if dim is None else (layers, kv_heads, dim)
 
 
 def head_dim(config: dict[str, Any]) -> int | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from quantize.errors import PreflightError
 from quantize.model.config import Shape
 from quantize.planner.gpus import Gpu
 from quantize.planner.memory import Memory
@@ -74,13 +73,12 @@ def tp_problem(shape: Shape, tp: int, fmt_group: int | None) -> str | None:
     """Why vLLM cannot shard this model `tp` ways, or None. The attention-head rule is
     pre-flight's (MLA caches one latent, so only its query heads split); the group-size rule
     is the planner's, on the row-parallel input widths (pre-flight checks it per layer)."""
-    from quantize.checks.preflight import _heads_check
+    from quantize.checks.preflight import heads_problem
 
     kv_heads = shape.heads if shape.mla_latent else shape.kv_heads
-    try:
-        _heads_check({"num_attention_heads": shape.heads, "num_key_value_heads": kv_heads}, tp)
-    except PreflightError as exc:
-        return str(exc).removeprefix(f"--tp {tp}: ")
+    problem = heads_problem(shape.heads, kv_heads, tp)
+    if problem:
+        return problem
     if fmt_group:
         row_inputs = [shape.intermediate, shape.heads * shape.head_dim, shape.moe_intermediate]
         for width in row_inputs:

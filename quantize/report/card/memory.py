@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quantize.errors import QuantizeError
-from quantize.model.config import config_dtype, dtype_bytes, head_dim, model_shape
+from quantize.model.config import config_dtype, dtype_bytes, kv_dims, model_shape
 from quantize.planner import kv
 from quantize.progress import human_bytes as _human_bytes
 from quantize.report.card.inputs import CardInputs, Json
@@ -28,15 +28,10 @@ def _counted(n: int | None) -> str:
 
 def _raw_kv(config: Json, element_bytes: int) -> tuple[int | None, str]:
     """The plain count from config.json's sizes, for configs transformers cannot build."""
-    text = config.get("text_config") or config
-    dim = head_dim(config)
-    try:
-        layers = int(text["num_hidden_layers"])
-        kv_heads = int(text.get("num_key_value_heads") or text["num_attention_heads"])
-    except (KeyError, TypeError, ValueError):
+    dims = kv_dims(config)
+    if dims is None:
         return None, "not computable from config.json"
-    if dim is None:
-        return None, "not computable from config.json"
+    layers, kv_heads, dim = dims
     return (2 * layers * kv_heads * dim * element_bytes,
             f"2 (K, V) x {layers} layers x {kv_heads} KV heads x head_dim {dim} x "
             f"{element_bytes} bytes per element")
