@@ -28,7 +28,9 @@ class Options(Protocol):
 class Pipeline(Protocol):
     """What the stages' wiring reads of a run (quantize.pipeline.Pipeline provides it)."""
 
-    opts: Options
+    @property
+    def opts(self) -> Options: ...
+
     recipe: Recipe
     recipe_text: str
     model: ModelRef

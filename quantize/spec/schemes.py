@@ -90,6 +90,10 @@ class KernelRule:
     moe_cpu: bool  # vLLM's CPU build has a fused-MoE backend for it
     moe_source: str
     gpu_native_cc: int | None = None  # natively (else through a weight-only fallback)
+    label: str = ""  # how messages name the family
+    # the dtype its CPU kernel must compute in, where it cannot take the others: the INT8
+    # GEMM (oneDNN, csrc/cpu) aborts at float16 ("scale_C: scalar path not implemented!")
+    cpu_dtype: str | None = None
 
 
 KERNELS: dict[str, KernelRule] = {
@@ -100,19 +104,23 @@ KERNELS: dict[str, KernelRule] = {
     "int-weight-only": KernelRule(
         75, (4, 8), "compressed_tensors_wNa16.py + kernels/linear/mixed_precision/",
         (4,), "cpu_gemm_wna16", False, "kernels/linear/mixed_precision/cpu.py",
-        True, "layers/fused_moe (CPU WNA16 MoE: symmetric 4-bit only)"),
+        True, "layers/fused_moe (CPU WNA16 MoE: symmetric 4-bit only)",
+        label="INT weight-only"),
     # compressed_tensors_w8a8_int8.py (min capability 75); CPU via oneDNN
     "int8-w8a8": KernelRule(
         75, None, "compressed_tensors_w8a8_int8.py", None, "onednn_scaled_mm", False,
-        "kernels/linear/scaled_mm/cpu.py", False, "layers/fused_moe (no CPU INT8 MoE)"),
+        "kernels/linear/scaled_mm/cpu.py", False, "layers/fused_moe (no CPU INT8 MoE)",
+        label="INT8 W8A8", cpu_dtype="bfloat16"),
     # compressed_tensors_w8a8_fp8.py: 89 natively, 80 through FP8 Marlin (weight-only)
     "fp8-w8a8": KernelRule(
         80, None, "compressed_tensors_w8a8_fp8.py", None, None, False,
         "kernels/linear/scaled_mm/cpu.py", False,
-        "layers/fused_moe ('Unsupported FP8 MoE backend' on CPU)", gpu_native_cc=89),
+        "layers/fused_moe ('Unsupported FP8 MoE backend' on CPU)", gpu_native_cc=89,
+        label="FP8 W8A8"),
     "fp8-weight-only": KernelRule(
         80, None, "compressed_tensors_w8a8_fp8.py", None, None, True,
-        "kernels/linear/scaled_mm/cpu.py (AMX)", False, "layers/fused_moe"),
+        "kernels/linear/scaled_mm/cpu.py (AMX)", False, "layers/fused_moe",
+        label="FP8 weight-only"),
     "dense": KernelRule(0, None, "", None, None, False, "", True, ""),
 }
 

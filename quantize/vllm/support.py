@@ -34,14 +34,10 @@ from quantize.errors import VerifyError
 from quantize.model.config import config_dtype, head_dim
 from quantize.model.qconfig import NATIVE_METHODS, Group, QuantConfig, read_quant_config
 from quantize.spec.schemes import KERNELS, gpu_problem
-from quantize.vllm.host import Host, find_vllm_python  # noqa: F401 (preflight imports it here)
+from quantize.vllm.host import Host
 
 VERIFIED_METHODS = ("compressed-tensors", *NATIVE_METHODS)  # what the export stage writes
 
-# The dtype a kernel family's CPU kernel must compute in, where it cannot take the others.
-CPU_DTYPE = {"int8-w8a8": "bfloat16"}
-_FAMILY_NAME = {"int8-w8a8": "INT8 W8A8", "fp8-w8a8": "FP8 W8A8",
-                "fp8-weight-only": "FP8 weight-only", "int-weight-only": "INT weight-only"}
 
 
 # --- the checkpoint's format -----------------------------------------------------------
@@ -147,7 +143,7 @@ def _cpu_group(group: Group, label: str, host: Host) -> str | None:
         if a is not None and not a.dynamic and not ops.get("static_scaled_fp8_quant"):
             return f"static FP8 activations {need_avx512} (no static_scaled_fp8_quant)"
     if rule.cpu_amx and not isa.get("amx_tile"):
-        return f"{_FAMILY_NAME.get(family, family)} needs AMX or a GPU"
+        return f"{rule.label or family} needs AMX or a GPU"
     return None
 
 
@@ -206,9 +202,10 @@ def serving_dtype(ckpt: CheckpointFormat, device: str) -> DtypeNeed | None:
     if device != "cpu":
         return None
     for g in ckpt.groups:
-        need = CPU_DTYPE.get(g.kernel)
-        if need and ckpt.dtype != need:
+        rule = KERNELS.get(g.kernel)
+        need = rule.cpu_dtype if rule else None
+        if rule and need and ckpt.dtype != need:
             declared = f"declares {ckpt.dtype}" if ckpt.dtype else "declares no dtype"
-            return DtypeNeed(need, f"vLLM CPU runs {_FAMILY_NAME[g.kernel]} only at --dtype "
+            return DtypeNeed(need, f"vLLM CPU runs {rule.label} only at --dtype "
                                    f"{need}; this export {declared}")
     return None

@@ -132,7 +132,7 @@ def test_verify_tp_reaches_vllm_tensor_parallel_size(monkeypatch: pytest.MonkeyP
     import types
 
     from quantize.stages import verify
-    from quantize.vllm import support as capabilities
+    from quantize.vllm import host as capabilities
     from quantize.vllm import worker as vllm_worker
 
     host = capabilities.Host(None, device="cuda")
