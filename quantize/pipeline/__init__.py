@@ -23,7 +23,6 @@ from quantize.model.source import (
     resolve_model,
 )
 from quantize.pipeline import wiring
-from quantize.progress import info
 from quantize.run import stage as run_stage
 from quantize.run.lock import run_lock
 from quantize.run.manifest import read_manifest, versions, write_manifest
@@ -184,10 +183,9 @@ class Pipeline:
                                   self.run_dir / name, rerun=rerun)
         if status.key is not None:
             self.keys[name] = status.key
+        run_stage.announce(name, status)
         if not status.must_run:
-            info(f"[dim]skip[/dim] {name}: {status.message()}")
             return
-        info(f"[bold]{name}[/bold]: {status.message()}")
         record = run_stage.build(self.run_dir, name, inputs, execute)
         self.keys[name] = record["key"]
         self.manifest["stages"][name] = record

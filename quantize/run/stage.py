@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from quantize.errors import ExportError
+from quantize.progress import info
 from quantize.run.files import atomic_dir, check_tree, hash_tree, now, pause_point
 from quantize.run.lock import run_lock
 from quantize.run.manifest import RunFolder, write_manifest
@@ -49,6 +50,14 @@ class Status:
         if self.reason == "outputs-changed":
             return f"outputs no longer match the manifest ({self.detail}); rebuilding"
         return f"inputs unchanged (key {(self.key or '')[:12]}), outputs verified"
+
+
+def announce(name: str, st: Status) -> None:
+    """The log line that says whether a stage runs, and why (the same for every stage)."""
+    if st.must_run:
+        info(f"[bold]{name}[/bold]: {st.message()}")
+    else:
+        info(f"[dim]skip[/dim] {name}: {st.message()}")
 
 
 def resolved(inputs: Inputs) -> Inputs:
@@ -102,6 +111,7 @@ def record_stage(run_dir: Path, name: str, inputs: Inputs, execute: Execute, *,
         manifest = folder.read().to_json()
         entry = manifest["stages"].get(name)
         st = status(name, entry, inputs, run_dir / name, rerun=rerun)
+        announce(name, st)
         if not st.must_run and entry is not None:
             return st, dict(entry.get("summary") or {})
         record = build(run_dir, name, inputs, execute)

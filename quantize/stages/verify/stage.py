@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import VerifyError
-from quantize.progress import info
-from quantize.run import stage as run_stage
 from quantize.run.files import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
 from quantize.run.manifest import MANIFEST, RunFolder
 from quantize.run.stage import Inputs, record_stage
@@ -149,14 +147,8 @@ def _recorded(ckpt: Path, run_dir: Path, export_key: str, opts: Options, *,
               rerun: bool) -> dict[str, Any]:
     host = opts.host()
     inputs = stage_inputs(export_key, opts, host)
-    entry = RunFolder(run_dir).read().to_json()["stages"].get(NAME)
-    before = run_stage.status(NAME, entry, inputs, run_dir / NAME, rerun=rerun)
-    if before.must_run and before.reason != "no-result":  # say why a recorded result is redone
-        info(f"[bold]{NAME}[/bold]: {before.message()}")
-    st, _ = record_stage(run_dir, NAME, inputs, lambda tmp: _brief(run(ckpt, tmp, opts, host)),
-                         rerun=rerun)
-    if not st.must_run:
-        info(f"[dim]skip[/dim] {NAME}: {st.message()}")
+    record_stage(run_dir, NAME, inputs, lambda tmp: _brief(run(ckpt, tmp, opts, host)),
+                 rerun=rerun)  # says whether it runs and why, as every stage does
     out = run_dir / NAME
     summary: dict[str, Any] = json.loads((out / "verify.json").read_text())
     summary["out"] = str(out)
