@@ -287,3 +287,21 @@ def weight_similarity(decoded: dict[str, torch.Tensor], src: Path) -> tuple[floa
                 if not c >= worst[0]:
                     worst = (c, name)
     return worst
+
+
+def load_dequantized(path: Path, **kwargs: Any) -> Any:
+    """A compressed-tensors checkpoint through transformers with its weights decompressed once
+    at load: the numbers the packed kernels compute with, without unpacking every weight again
+    on every forward. `dequantize=True` replaced `run_compressed=False` in transformers 5.17."""
+    import inspect
+    import warnings
+
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    new_name = "dequantize" in inspect.signature(CompressedTensorsConfig).parameters
+    flag: dict[str, Any] = {"dequantize": True} if new_name else {"run_compressed": False}
+    with warnings.catch_warnings():
+        # transformers warns that the passed config overrides the checkpoint's: it is meant to
+        warnings.filterwarnings("ignore", message="You passed `quantization_config`")
+        return AutoModelForCausalLM.from_pretrained(
+            path, quantization_config=CompressedTensorsConfig(**flag), **kwargs)

@@ -207,24 +207,6 @@ def model_fingerprint(ref: ModelRef) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def load_dequantized(path: Path, **kwargs: Any) -> Any:
-    """A compressed-tensors checkpoint through transformers with its weights decompressed once
-    at load: the numbers the packed kernels compute with, without unpacking every weight again
-    on every forward. `dequantize=True` replaced `run_compressed=False` in transformers 5.17."""
-    import inspect
-    import warnings
-
-    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
-
-    new_name = "dequantize" in inspect.signature(CompressedTensorsConfig).parameters
-    flag: dict[str, Any] = {"dequantize": True} if new_name else {"run_compressed": False}
-    with warnings.catch_warnings():
-        # transformers warns that the passed config overrides the checkpoint's: it is meant to
-        warnings.filterwarnings("ignore", message="You passed `quantization_config`")
-        return AutoModelForCausalLM.from_pretrained(
-            path, quantization_config=CompressedTensorsConfig(**flag), **kwargs)
-
-
 def check_architecture(config: dict[str, Any], *, trust_remote_code: bool) -> None:
     """Refuse configs transformers cannot build without running the repo's own code."""
     from transformers import CONFIG_MAPPING

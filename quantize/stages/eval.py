@@ -13,8 +13,8 @@ from typing import Any
 
 from quantize.errors import EvalError, first_line
 from quantize.model.config import read_config, torch_dtype
+from quantize.model.decode import load_dequantized
 from quantize.model.qconfig import NATIVE_METHODS, quant_method
-from quantize.model.source import load_dequantized
 from quantize.progress import info, step
 from quantize.run.files import atomic_write_json, atomic_write_text, pause_point
 from quantize.spec.recipe import EvalSuite, MetricSpec, canonical_hash

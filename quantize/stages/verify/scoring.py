@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from quantize.errors import VerifyError, first_line
 from quantize.model.config import read_config
+from quantize.model.decode import load_dequantized
 from quantize.model.qconfig import read_quant_config
-from quantize.model.source import load_dequantized
 
 if TYPE_CHECKING:
     import torch
