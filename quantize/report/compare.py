@@ -6,33 +6,38 @@ import json
 from pathlib import Path
 from typing import Any
 
-from quantize.errors import QuantizeError
+from quantize.errors import ExportError, QuantizeError
 from quantize.run.files import atomic_write_text
+from quantize.run.manifest import RunFolder
 
 
 def _load(run_dir: Path) -> dict[str, Any]:
+    folder = RunFolder(run_dir)
     try:
-        manifest = json.loads((run_dir / "manifest.json").read_text())
+        manifest = folder.read() if folder.is_run() else None
         ev = json.loads((run_dir / "eval" / "eval.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, json.JSONDecodeError, ExportError):
+        manifest = None
+    quantize, export, evaluated = (manifest.stage(s) if manifest else None
+                                   for s in ("quantize", "export", "eval"))
+    if (manifest is None or manifest.model is None or manifest.recipe is None
+            or quantize is None or export is None or evaluated is None):
         raise QuantizeError(f"{run_dir}: needs manifest.json and eval/eval.json; run "
                             f"`quantize eval {run_dir}` first") from None
     gate_path = run_dir / "gate" / "gate.json"
     gate = json.loads(gate_path.read_text()) if gate_path.is_file() else {}
-    stages = manifest["stages"]
     metrics = {m["name"]: m for m in ev["metrics"]}
     acc = [m["recovery"] for m in ev["metrics"] if m["kind"] == "multiple_choice"]
     ppl = [m for m in ev["metrics"] if m["kind"] == "perplexity"]
-    base_bytes = sum(p.stat().st_size for p in Path(manifest["model"]["path"]).glob(
-        "*.safetensors"))
+    base_bytes = sum(p.stat().st_size for p in Path(manifest.model.path).glob("*.safetensors"))
     return {
-        "run": run_dir.name, "recipe": manifest["recipe"]["name"],
-        "weights_bytes": stages["export"]["summary"]["weights_bytes"],
+        "run": run_dir.name, "recipe": manifest.recipe.name,
+        "weights_bytes": export.summary["weights_bytes"],
         "baseline_bytes": base_bytes,
-        "quantize_s": stages["quantize"]["duration_s"],
-        "engine": stages["quantize"]["summary"].get("engine", "?"),
-        "peak_rss_gib": stages["quantize"]["summary"].get("peak_rss_gib"),
-        "eval_s": stages["eval"]["duration_s"],
+        "quantize_s": quantize.duration_s,
+        "engine": quantize.summary.get("engine", "?"),
+        "peak_rss_gib": quantize.summary.get("peak_rss_gib"),
+        "eval_s": evaluated.duration_s,
         "ppl": ppl[0]["candidate"] if ppl else None,
         "ppl_baseline": ppl[0]["baseline"] if ppl else None,
         "ppl_recovery": ppl[0]["recovery"] if ppl else None,
