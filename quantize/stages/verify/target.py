@@ -8,7 +8,7 @@ from typing import Any
 
 from quantize.errors import ExportError, VerifyError
 from quantize.model.config import config_path, read_config
-from quantize.run.manifest import MANIFEST, read_manifest_file
+from quantize.run.manifest import MANIFEST, read_export_manifest
 
 NAME = "verify"
 
@@ -48,7 +48,7 @@ def source_model(ckpt: Path) -> Path | None:
     if not path.is_file():
         return None
     try:
-        model = read_manifest_file(path).model
+        model = read_export_manifest(path).model
     except ExportError:
         return None
     p = Path(model.path) if model is not None and model.path else None
