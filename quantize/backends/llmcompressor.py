@@ -14,33 +14,40 @@ from quantize.backends import QuantizeJob
 from quantize.checks.preflight import override_group_size  # the one rule pre-flight checks too
 from quantize.errors import QuantizationError, first_line
 from quantize.model.config import read_config, torch_dtype
-from quantize.spec.recipe import AWQOptions, GPTQOptions, Recipe
+from quantize.spec.recipe import AutoRoundOptions, AWQOptions, GPTQOptions, Recipe
 from quantize.spec.schemes import SCHEMES
 
 
-def _scheme(name: str, targets: list[str], group_size: int | None) -> Any:
+def _scheme(name: str, targets: list[str], group_size: int | None,
+            observer: str | None = None) -> Any:
     from compressed_tensors.quantization import preset_name_to_scheme
 
     scheme = preset_name_to_scheme(name, targets)
+    update: dict[str, Any] = {}
     if group_size is not None and SCHEMES[name].group:
+        update["group_size"] = group_size
+    if observer is not None:
+        update["observer"] = observer
+    if update:
         scheme = scheme.model_copy(
-            update={"weights": scheme.weights.model_copy(update={"group_size": group_size})})
+            update={"weights": scheme.weights.model_copy(update=update)})
     return scheme
 
 
 def config_groups(recipe: Recipe, group_size: int | None) -> dict[str, Any]:
     """compressed-tensors config groups: the main scheme, then each override."""
-    groups = {"group_0": _scheme(recipe.scheme, recipe.targets, group_size)}
+    groups = {"group_0": _scheme(recipe.scheme, recipe.targets, group_size, recipe.observer)}
     for i, ov in enumerate(recipe.overrides, 1):
-        groups[f"group_{i}"] = _scheme(ov.scheme, ov.targets, override_group_size(ov, group_size))
+        groups[f"group_{i}"] = _scheme(ov.scheme, ov.targets,
+                                       override_group_size(ov, group_size), recipe.observer)
     return groups
 
 
 def build_modifiers(recipe: Recipe, group_size: int | None) -> list[Any]:
-    """The llm-compressor modifier list a recipe stands for."""
+    """The llm-compressor modifier list a recipe stands for (one entry per method of
+    quantize.spec.methods.METHODS)."""
     from compressed_tensors.quantization import QuantizationArgs
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
-    from llmcompressor.modifiers.transform.awq import AWQModifier
     from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
 
     groups = config_groups(recipe, group_size)
@@ -51,15 +58,22 @@ def build_modifiers(recipe: Recipe, group_size: int | None) -> list[Any]:
     mods: list[Any] = []
     if recipe.smoothquant is not None:
         mods.append(SmoothQuantModifier(smoothing_strength=recipe.smoothquant.strength))
-    if recipe.method == "gptq":
+    if recipe.method in ("awq", "awq+gptq"):  # AWQ smooths; a quantizer modifier follows
+        from llmcompressor.modifiers.transform.awq import AWQModifier
+
+        awq = recipe.awq or AWQOptions()
+        mods.append(AWQModifier(n_grid=awq.n_grid, duo_scaling=awq.duo_scaling))
+    if recipe.method in ("gptq", "awq+gptq"):
         opts = recipe.gptq or GPTQOptions()
         mods.append(GPTQModifier(block_size=opts.block_size, dampening_frac=opts.dampening_frac,
                                  actorder=opts.actorder, **common))
-    elif recipe.method == "awq":
-        awq = recipe.awq or AWQOptions()
-        mods.append(AWQModifier(n_grid=awq.n_grid, duo_scaling=awq.duo_scaling))
-        mods.append(QuantizationModifier(**common))
-    else:
+    elif recipe.method == "autoround":
+        from llmcompressor.modifiers.autoround import AutoRoundModifier
+
+        ar = recipe.autoround or AutoRoundOptions()
+        mods.append(AutoRoundModifier(iters=ar.iters, lr=ar.lr, batch_size=ar.batch_size,
+                                      enable_torch_compile=ar.compile, **common))
+    else:  # rtn, awq
         mods.append(QuantizationModifier(**common))
     return mods
 

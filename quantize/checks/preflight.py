@@ -151,7 +151,19 @@ def check(recipe: Recipe, config: dict[str, Any], tp: int = 1, *,
 
 def check_engine(recipe: Recipe, config: dict[str, Any]) -> None:
     """An optional engine (backend: gptqmodel/autoawq) must be installed and take this model
-    before any calibration work; its module is found without importing the engine itself."""
+    before any calibration work; its module is found without importing the engine itself.
+    So must a method's own package (AutoRound's `auto-round`, which llm-compressor imports
+    only when the method is used)."""
+    import importlib.util
+
+    from quantize.errors import BackendUnavailable
+    from quantize.spec.methods import METHODS
+
+    method = METHODS[recipe.method]
+    if method.requires and importlib.util.find_spec(method.requires[0]) is None:
+        raise BackendUnavailable(
+            f"method {recipe.method} needs the package {method.requires[1]!r}, which is not "
+            f"installed; install it with `pip install {method.requires[1]}` (make install does)")
     if recipe.backend == "llmcompressor":
         return
     from quantize.backends import get_backend

@@ -212,12 +212,16 @@ def validate_cmd(recipe: str, model: str | None, no_model: bool, tp: int) -> Non
 @click.argument("runs", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=Path("compare"),
               help="folder for compare.md and compare.png")
+@click.option("--questions", is_flag=True,
+              help="also ask each export (and its 16-bit model) the simple factual questions "
+              "of eval/questions.yaml through vLLM, and count the right answers (needs "
+              "`make vllm-env`; about a minute per checkpoint on CPU, cached in OUT/answers)")
 @handle_errors
-def compare_cmd(runs: tuple[Path, ...], out: Path) -> None:
+def compare_cmd(runs: tuple[Path, ...], out: Path, questions: bool) -> None:
     """One table (compare.md) and one plot (compare.png) across RUNS: size on disk vs
     perplexity and accuracy recovery, with each gate verdict."""
     from quantize.report.compare import compare
 
-    compare(list(runs), out)
+    compare(list(runs), out, questions=questions)
     click.echo((out / "compare.md").read_text())
     click.echo(str(out / "compare.png"))

@@ -43,6 +43,8 @@ def _load(run_dir: Path) -> dict[str, Any]:
         "ppl_recovery": ppl[0]["recovery"] if ppl else None,
         "acc_recovery": sum(acc) / len(acc) if acc else None,
         "metrics": metrics, "verdict": gate.get("verdict", "not gated"),
+        "export_key": export.key, "model_path": manifest.model.path,
+        "model_fingerprint": manifest.model.fingerprint, "answers": None,
     }
 
 
@@ -54,6 +56,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     names = sorted({n for r in rows for n in r["metrics"]})
     head = ["run", "recipe", "engine", "size MiB", "vs base", *[f"{n}" for n in names],
             "ppl recovery", "mean acc recovery", "quantize s", "peak RSS GiB", "gate"]
+    asked = any(r["answers"] is not None for r in rows)
+    if asked:
+        head.insert(-1, "answers (vLLM)")
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         cells = [r["run"], r["recipe"], r["engine"], f"{r['weights_bytes'] / 2**20:.1f}",
@@ -63,12 +68,19 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             cells.append("—" if m is None else f"{m['candidate']:.4g} ({m['recovery']:.1%})")
         cells += [_fmt(r["ppl_recovery"], ".1%"), _fmt(r["acc_recovery"], ".1%"),
                   f"{r['quantize_s']:.0f}", _fmt(r["peak_rss_gib"], ".2f"), r["verdict"]]
+        if asked:
+            sheet = r["answers"]
+            cells.insert(-1, "—" if sheet is None else f"{sheet.right}/{sheet.total}")
         lines.append("| " + " | ".join(cells) + " |")
     base = rows[0]
     note = (f"\nBaseline: {base['baseline_bytes'] / 2**20:.1f} MiB"
             + (f", perplexity {base['ppl_baseline']:.4g}" if base["ppl_baseline"] else "")
             + ". Recovery: perplexity baseline/candidate, accuracy candidate/baseline. "
             "Peak RSS: the run's process up to the end of its quantize stage.\n")
+    if asked and base.get("baseline_answers") is not None:
+        sheet = base["baseline_answers"]
+        note += (f"Answers: simple factual questions (eval/questions.yaml) asked through vLLM, "
+                 f"greedy; the 16-bit model answers {sheet.right}/{sheet.total} right.\n")
     return "\n".join(lines) + "\n" + note
 
 
@@ -101,11 +113,38 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def compare(run_dirs: list[Path], out: Path) -> list[dict[str, Any]]:
+def _ask_all(rows: list[dict[str, Any]], run_dirs: list[Path], out: Path) -> None:
+    """The real-client check of every export and of the 16-bit model(s) they came from,
+    cached in OUT/answers/ by export key (and model fingerprint for the 16-bit model)."""
+    from quantize.report.answers import AnswerSheet, ask
+    from quantize.vllm.host import detect
+
+    host = detect()
+    cache = out / "answers"
+    cache.mkdir(parents=True, exist_ok=True)
+
+    def cached(name: str, checkpoint: Path) -> AnswerSheet:
+        path = cache / f"{name}.json"
+        if path.is_file():
+            return AnswerSheet.from_json(path.read_text())
+        sheet = ask(checkpoint, cache / "logs" / name, host)
+        atomic_write_text(path, sheet.to_json())
+        return sheet
+
+    for row, d in zip(rows, run_dirs, strict=True):
+        row["answers"] = cached(f"export-{row['export_key'][:16]}", d / "export")
+    base = rows[0]
+    base["baseline_answers"] = cached(f"model-{base['model_fingerprint'][:16]}",
+                                      Path(base["model_path"]))
+
+
+def compare(run_dirs: list[Path], out: Path, questions: bool = False) -> list[dict[str, Any]]:
     if not run_dirs:
         raise QuantizeError("give at least one run folder")
     rows = [_load(d) for d in run_dirs]
     out.mkdir(parents=True, exist_ok=True)
+    if questions:
+        _ask_all(rows, run_dirs, out)
     atomic_write_text(out / "compare.md", markdown(rows))
     plot(rows, out / "compare.png")
     return rows

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from quantize.spec.methods import METHODS
 from quantize.spec.schemes import SCHEMES
 
 
@@ -27,7 +28,7 @@ class Engine:
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (
     Engine("llmcompressor", "quantize.backends.llmcompressor", "llm-compressor", "",
-           {m: tuple(SCHEMES) for m in ("gptq", "awq", "rtn")}),
+           {m: tuple(SCHEMES) for m in METHODS}),
     Engine("gptqmodel", "quantize.backends.gptqmodel", "GPTQModel", "gptqmodel",
            {"gptq": ("W4A16", "W8A16"), "awq": ("W4A16_ASYM",)}),
     Engine("autoawq", "quantize.backends.autoawq", "AutoAWQ", "autoawq",
@@ -53,7 +54,7 @@ def check_recipe(r: Any) -> None:
     if r.scheme not in schemes:
         raise ValueError(f"backend {r.backend}: {_WHY_SCHEME[r.method]}; use scheme "
                          f"{' or '.join(schemes)} for method {r.method} {fix}")
-    for name in ("overrides", "smoothquant", "kv_cache"):
+    for name in ("overrides", "smoothquant", "kv_cache", "observer"):
         if getattr(r, name):
             raise ValueError(f"`{name}` is supported on backend llmcompressor only; remove "
                              f"it {fix}")

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quantize.errors import RecipeError
 from quantize.spec.engines import check_recipe
+from quantize.spec.methods import METHODS, OPTION_BLOCKS, MethodName, ObserverName
 from quantize.spec.paths import PROJECT_ROOT, contained
 from quantize.spec.schemes import SCHEMES, SchemeName
 from quantize.spec.yamlio import parse_model, read_text
@@ -154,6 +155,18 @@ class AWQOptions(Strict):
     duo_scaling: bool | Literal["both"] = True
 
 
+class AutoRoundOptions(Strict):
+    """AutoRound's sign-gradient tuning of rounding and ranges, block by block."""
+
+    iters: int = Field(default=200, ge=0, le=10_000,
+                       description="tuning steps per decoder layer (0: RTN with its own "
+                       "optimised ranges)")
+    lr: float | None = Field(default=None, gt=0.0, le=1.0,
+                             description="learning rate; None: 1/iters (the library's)")
+    batch_size: int = Field(default=8, ge=1, le=512)
+    compile: bool = Field(default=False, description="torch.compile the block (GPU)")
+
+
 class SmoothQuantOptions(Strict):
     strength: float = Field(default=0.8, gt=0.0, lt=1.0)
 
@@ -164,15 +177,19 @@ class Recipe(Strict):
     backend: Literal["llmcompressor", "gptqmodel", "autoawq"] = Field(
         default="llmcompressor", description="the engine: llmcompressor (compressed-tensors "
         "checkpoints), gptqmodel (native GPTQ/AWQ), autoawq (native AWQ, legacy)")
-    method: Literal["gptq", "awq", "rtn"]
+    method: MethodName
     scheme: SchemeName
     group_size: GroupSize | None = None
+    observer: ObserverName | None = Field(
+        default=None, description="how weight scales are chosen: minmax (library default), "
+        "mse, imatrix_mse (importance-weighted by the calibration activations)")
     targets: list[str] = Field(default_factory=lambda: ["Linear"], min_length=1)
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
     overrides: list[Override] = Field(default_factory=list)
     smoothquant: SmoothQuantOptions | None = None
     gptq: GPTQOptions | None = None
     awq: AWQOptions | None = None
+    autoround: AutoRoundOptions | None = None
     kv_cache: Literal["fp8"] | None = None
     calibration: Name | CalibrationSpec = "wiki"
     eval: EvalRef = Field(default_factory=EvalRef)
@@ -189,20 +206,25 @@ class Recipe(Strict):
             raise ValueError(
                 f"scheme {self.scheme} quantizes per channel/tensor, so group_size does not "
                 "apply; remove group_size or use a grouped scheme such as W4A16")
-        if self.method == "awq" and info.activations != "none":
+        method = METHODS[self.method]
+        if method.weight_only and info.activations != "none":
             raise ValueError(
-                f"AWQ is weight-only; scheme {self.scheme} also quantizes activations. "
-                "Use W4A16_ASYM/W4A16, or method gptq/rtn")
-        if self.method == "gptq" and info.weight_type != "int":
-            raise ValueError(f"GPTQ needs an integer scheme; {self.scheme} is float. "
+                f"{method.label} is weight-only; scheme {self.scheme} also quantizes "
+                "activations. Use W4A16_ASYM/W4A16, or method gptq/rtn")
+        if self.method != "rtn" and info.weight_type != "int":
+            raise ValueError(f"{method.label} needs an integer scheme; {self.scheme} is float. "
                              "Use method: rtn for FP8")
         if self.smoothquant is not None and info.activations == "none":
             raise ValueError("smoothquant only helps schemes that quantize activations "
                              f"(W8A8, FP8...); {self.scheme} is weight-only. Remove it")
-        for opt, method in (("gptq", "gptq"), ("awq", "awq")):
-            if getattr(self, opt) is not None and self.method != method:
+        for opt in OPTION_BLOCKS:
+            if getattr(self, opt) is not None and opt not in method.options:
+                takes = [m for m, info_ in METHODS.items() if opt in info_.options]
                 raise ValueError(f"`{opt}:` options given but method is {self.method}; "
-                                 f"remove them or set method: {method}")
+                                 f"remove them or set method: {' or '.join(takes)}")
+        if self.observer is not None and self.method == "autoround":
+            raise ValueError("AutoRound tunes its own scales; remove `observer` (it applies "
+                             "to gptq, awq, awq+gptq and rtn)")
         if set(self.targets) & set(self.ignore):
             raise ValueError(f"{sorted(set(self.targets) & set(self.ignore))} is both targeted "
                              "and ignored; remove it from one list")

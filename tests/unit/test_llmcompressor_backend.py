@@ -83,3 +83,44 @@ def test_batch_size_over_one_refuses_unequal_samples() -> None:
 
     with pytest.raises(RecipeError, match="equal-length calibration samples"):
         resolve_batch_size(8, "cuda", [[1] * 16, [1] * 9])
+
+
+def _recipe(text: str):  # type: ignore[no-untyped-def]
+    from quantize.spec.recipe import Recipe
+
+    import yaml
+
+    return Recipe.model_validate(yaml.safe_load(text))
+
+
+BASE = "name: v\ndescription: d\nscheme: W4A16_ASYM\ngroup_size: 64\n"
+
+
+@pytest.mark.parametrize("observer", ["mse", "imatrix_mse"])
+def test_observer_reaches_every_config_group(observer: str) -> None:
+    r = _recipe(BASE + f"method: gptq\nobserver: {observer}\n"
+                "overrides: [{targets: ['re:.*down_proj'], scheme: W8A16}]\n")
+    (gptq,) = build_modifiers(r, 64)
+    assert {g.weights.observer for g in gptq.config_groups.values()} == {observer}
+
+
+def test_default_observer_is_the_librarys() -> None:
+    (gptq,) = build_modifiers(_recipe(BASE + "method: gptq\n"), 64)
+    assert _weights(gptq).observer is None  # filled in by the library (memoryless_minmax)
+
+
+def test_autoround_is_one_modifier_with_its_options() -> None:
+    r = _recipe(BASE + "method: autoround\nautoround: {iters: 50, batch_size: 4}\n")
+    (ar,) = build_modifiers(r, 64)
+    assert type(ar).__name__ == "AutoRoundModifier"
+    assert (ar.iters, ar.batch_size, ar.enable_torch_compile, ar.lr) == (50, 4, False, None)
+    w = _weights(ar)
+    assert (w.num_bits, w.symmetric, w.group_size) == (4, False, 64)
+
+
+def test_awq_then_gptq_composes_the_two_modifiers() -> None:
+    r = _recipe(BASE + "method: awq+gptq\nawq: {n_grid: 10}\ngptq: {actorder: weight}\n")
+    awq, gptq = build_modifiers(r, 64)
+    assert type(awq).__name__ == "AWQModifier" and awq.n_grid == 10
+    assert type(gptq).__name__ == "GPTQModifier" and str(gptq.actorder) == "weight"
+    assert _weights(gptq).symmetric is False
