@@ -33,6 +33,7 @@ from typing import Any
 from quantize.errors import QuantizeError
 from quantize.model.config import weight_bytes
 from quantize.progress import info
+from quantize.spec.methods import METHODS
 from quantize.spec.recipe import Recipe
 
 GiB = 2**30
@@ -80,7 +81,7 @@ def model_size(model: Any, recipe: Recipe) -> ModelSize:
     prefix, layers = _decoder_layers(model)
     layer_params = max((sum(p.numel() for p in lay.parameters()) for lay in layers),
                        default=params)
-    gptq = recipe.method == "gptq"
+    gptq = METHODS[recipe.method].hessian
     per_layer: dict[str, int] = {}
     solve = widest = 0
     for lay in targeted_layers(model, recipe.targets, recipe.ignore):
@@ -157,7 +158,7 @@ def estimate_gpu(size: ModelSize, recipe: Recipe, config: dict[str, Any],
     forward = batch * (seq * size.widest_out * b * 4  # gate, up, activation, product
                        + size.heads * seq * seq * (2 * b + 4))  # scores, fp32 softmax, probs
     working = size.hessian_bytes + size.solve_bytes
-    if recipe.method == "awq":  # AWQ caches each smoothed layer's inputs for its grid search
+    if METHODS[recipe.method].caches_inputs:  # AWQ/AutoRound keep each layer's inputs to search
         working += tokens * size.hidden * b * 2
     return GpuEstimate(weights=size.params * b, layer=size.layer_params * b, working=working,
                        activations=tokens * size.hidden * b * 2, forward=forward)

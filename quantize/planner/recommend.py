@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from quantize.model.config import Shape
 from quantize.planner.gpus import Gpu
 from quantize.planner.memory import Memory
+from quantize.spec.methods import METHODS
 from quantize.spec.recipe import Recipe
 from quantize.spec.schemes import KERNELS, SCHEMES, gpu_fallback, gpu_problem
 
@@ -25,7 +26,7 @@ def prior_recovery(recipe: Recipe | None) -> float:
     if info.weight_bits >= 8:
         base = 0.995 if info.weight_type == "float" or info.activations == "none" else 0.99
     else:
-        calibrated = recipe.method in ("gptq", "awq")
+        calibrated = METHODS[recipe.method].calibrated
         base = {4: 0.975 if calibrated else 0.95, 3: 0.92 if calibrated else 0.85}.get(
             info.weight_bits, 0.5)
     return round(base - (0.003 if recipe.kv_cache == "fp8" else 0.0), 4)

@@ -8,13 +8,14 @@ from typing import Any
 
 from quantize.backends import QuantizeJob, get_backend
 from quantize.progress import step
+from quantize.spec.methods import METHODS
 
 NAME = "quantize"
 
 
 def run(job: QuantizeJob, out: Path) -> dict[str, Any]:
     backend = get_backend(job.recipe.backend)
-    what = f"{job.recipe.method.upper()} {job.recipe.scheme}"
+    what = f"{METHODS[job.recipe.method].label} {job.recipe.scheme}"
     if job.group_size:
         what += f" g{job.group_size}"
     with step(f"quantizing with {backend.name}: {what}, {len(job.samples)} calibration samples"

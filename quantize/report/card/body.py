@@ -13,6 +13,7 @@ from typing import Any
 from quantize.report.card.inputs import Calibration, CardInputs, GateView, MetricRow, VerifyView
 from quantize.report.card.memory import MemoryView, memory
 from quantize.spec.engines import ENGINES
+from quantize.spec.methods import METHODS
 
 _MAX_IGNORE_SHOWN = 12
 _CT_LINK = "[compressed-tensors](https://github.com/neuralmagic/compressed-tensors)"
@@ -131,13 +132,14 @@ def body_view(inputs: CardInputs) -> BodyView:
     gs = inputs.group_size
     return BodyView(
         title=inputs.repo_id.split("/")[-1], repo_id=inputs.repo_id, run=inputs.run,
-        method=r.method.upper(), scheme=r.scheme, group_note=f", group size {gs}" if gs else "",
+        method=METHODS[r.method].label, scheme=r.scheme,
+        group_note=f", group size {gs}" if gs else "",
         base_link=(f"[{b.repo_id}](https://huggingface.co/{b.repo_id})" if b.repo_id
                    else f"`{b.name}`"),
         format_link=inputs.quant.format_name if inputs.native and inputs.quant else _CT_LINK,
         kv_recipe=bool(r.kv_cache), quantize_version=inputs.versions.get("quantize", "?"),
         recipe_name=r.name, warning=_warning(inputs),
-        method_cell=f"{r.method.upper()} ({engine(inputs)})" + (
+        method_cell=f"{METHODS[r.method].label} ({engine(inputs)})" + (
             f", SmoothQuant strength {r.smoothquant.strength}" if r.smoothquant else ""),
         groups=_groups(inputs), group_size=gs, layers=inputs.layers, ignore=_ignore(inputs),
         trust_remote_code=r.trust_remote_code,
