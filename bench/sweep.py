@@ -85,6 +85,8 @@ def main() -> None:
     ap.add_argument("names", nargs="*")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--suite", default=None, help="eval suite (default: each recipe's)")
     ap.add_argument("--deadline-s", type=float, default=float("inf"))
     ap.add_argument("--table", type=Path, help="print the table of a sweep.json and stop")
     args = ap.parse_args()
@@ -125,7 +127,8 @@ def main() -> None:
 
             torch.cuda.reset_peak_memory_stats()
         try:
-            run(RunOptions(recipe=path, model="default", out=run_dir, device=args.device))
+            run(RunOptions(recipe=path, model=args.model, out=run_dir, device=args.device,
+                           suite=args.suite))
         except QuantizeError as exc:  # a failed gate still has its eval
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
         r = row(Path(path).stem, run_dir, error, time.monotonic() - t0,
