@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from quantize.cli.app import handle_errors, main
+from quantize.spec.recipe import DEFAULT_RECIPE
 from quantize.stages import STAGES
 
 # Only checked, never used to quantize: the export is the same for every tp, but vLLM shards
@@ -20,7 +21,7 @@ _tp_option = click.option(
 
 def _run_options(fn: Any) -> Any:
     opts = [
-        click.argument("recipe", default="gptq-int4"),
+        click.argument("recipe", default=DEFAULT_RECIPE),
         click.option("--model", "-m", default=None,
                      help="local folder, Hugging Face Hub id, or `default` (SmolLM2-135M)"),
         click.option("--dataset", "-d", default=None,
@@ -87,7 +88,8 @@ def _run_folder(run_dir: Path, until: str, suite: str | None, rerun: tuple[str, 
 @_run_options
 @handle_errors
 def run_cmd(**kw: Any) -> None:
-    """Run the whole pipeline for RECIPE (default gptq-int4); finished stages are skipped."""
+    """Run the whole pipeline for RECIPE (default: the best measured 4-bit recipe); finished
+    stages are skipped."""
     _run("gate", **kw)
 
 

@@ -86,9 +86,9 @@ def test_batch_size_over_one_refuses_unequal_samples() -> None:
 
 
 def _recipe(text: str):  # type: ignore[no-untyped-def]
-    from quantize.spec.recipe import Recipe
-
     import yaml
+
+    from quantize.spec.recipe import Recipe
 
     return Recipe.model_validate(yaml.safe_load(text))
 

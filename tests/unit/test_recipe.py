@@ -117,3 +117,14 @@ def test_suite_metric_needs_direction(tmp_path) -> None:  # type: ignore[no-unty
                  "    threshold: 0.9\n")
     with pytest.raises(RecipeError, match=r"s\.yaml:3: metrics\.0\.direction: required"):
         load_suite(str(p))
+
+
+def test_the_default_recipe_is_shipped_and_the_makefile_agrees() -> None:
+    import re
+
+    from quantize.spec.paths import PROJECT_ROOT
+    from quantize.spec.recipe import DEFAULT_RECIPE
+
+    assert load_recipe(DEFAULT_RECIPE).name == DEFAULT_RECIPE
+    make = (PROJECT_ROOT / "Makefile").read_text()
+    assert re.search(rf"^RECIPE \?= {re.escape(DEFAULT_RECIPE)}$", make, re.M)

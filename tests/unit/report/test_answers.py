@@ -46,8 +46,8 @@ def test_ask_sends_chat_prompts_and_stops_reading_at_eos(
     def fake_worker(python: Path, req: dict[str, Any], workdir: Path, name: str,
                     timeout_s: float) -> dict[str, Any]:
         sent.update(req)
-        right = tok.encode(" 4", add_special_tokens=False) + [tok.eos_token_id] + \
-            tok.encode(" blue", add_special_tokens=False)  # past EOS: not read
+        right = [*tok.encode(" 4", add_special_tokens=False), tok.eos_token_id,
+                 *tok.encode(" blue", add_special_tokens=False)]  # past EOS: not read
         wrong = tok.encode(" green", add_special_tokens=False)
         return {"ok": True, "outputs": [{"token_ids": right}, {"token_ids": wrong}]}
 
