@@ -91,7 +91,7 @@ def _disk_errors(path: Path) -> Iterator[None]:
 
 def _release(fd: int, path: Path, *, remove: bool) -> None:
     if remove:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # gone, or a folder turned read-only meanwhile
             path.unlink()  # while still held: a later taker's inode check sees the new file
     fcntl.flock(fd, fcntl.LOCK_UN)
     os.close(fd)
