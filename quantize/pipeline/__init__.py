@@ -121,7 +121,7 @@ class Pipeline:
             if not self.opts.no_disk_check:  # a full disk refused now, not after hours
                 from quantize.pipeline import disk
 
-                self.facts |= disk.check(self, STAGES[: STAGES.index(self.opts.until) + 1])
+                self.facts |= disk.check(self, list(STAGES[: STAGES.index(self.opts.until) + 1]))
             self._record_header()
             for stage in STAGES[: STAGES.index(self.opts.until) + 1]:
                 self._stage(stage)

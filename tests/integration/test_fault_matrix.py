@@ -7,7 +7,7 @@ The disk is a real tmpfs (mounted by the test, so it needs root; without it the 
 skips and tests/unit/test_fault_errors.py injects the same errors in-process). A real
 `quantize run fp8-dynamic` on the tiny model pauses at a named point
 (QUANTIZE_PAUSE_AT/QUANTIZE_PAUSE_UNTIL, quantize.run.files.pause_point); the test fills
-the tmpfs to the last byte (or remounts it read-only) and lets the run go on. Each fault
+the tmpfs to the last byte (or makes the run folder read-only) and lets the run go on. Each fault
 must end the run with exit 2 and exactly one line naming the path and the fix, no
 traceback, the manifest byte-for-byte unchanged and no `.partial` left; the next run (disk
 freed) must resume at the stage that failed. The chain of faults ends in a run whose
@@ -39,7 +39,7 @@ MiB = 2**20
 CHAIN = [
     ("calibrate:start", "full"),  # token ids, written by safetensors' Rust writer
     ("quantize:start", "full"),  # llm-compressor saving the checkpoint
-    ("quantize:start", "read-only"),  # the run folder remounted read-only
+    ("quantize:start", "read-only"),  # the run folder turned read-only
     ("export:half", "full"),  # half of the export's files copied
     ("eval:start", "full"),  # the baseline's cache entry (cache on the same disk)
     ("gate:start", "full"),  # gate.json
@@ -135,15 +135,17 @@ def test_full_disk_and_read_only_folder_at_each_writing_stage(
             before = manifest.read_bytes() if manifest.exists() else None
             if fault == "full":
                 filler = fill(disk)
-            else:
-                subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+            else:  # a read-only bind mount over the run folder (remounting the tmpfs
+                # itself read-only is refused while the run holds its lock file open)
+                subprocess.run(["mount", "--bind", str(out), str(out)], check=True)
+                subprocess.run(["mount", "-o", "remount,bind,ro", str(out)], check=True)
             counts["injected"] += 1
             go.touch()
             _, err = proc.communicate(timeout=600)
             if fault == "full":
                 filler.unlink()
             else:
-                subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+                subprocess.run(["umount", str(out)], check=True)
             assert proc.returncode == 2, err
             line = one_error_line(err, PHRASE[fault])
             assert str(disk) in line, line
