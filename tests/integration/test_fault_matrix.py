@@ -212,6 +212,7 @@ CONVERT = ("from quantize.model.source import default_model_dir, model_fingerpri
            "print('fingerprint', model_fingerprint(resolve_model('default')))")
 
 
+@pytest.mark.slow  # a second real conversion: ~1.5 min on an idle 2-core machine, 5.6 loaded
 def test_processes_started_together_on_a_fresh_cache(tmp_path: Path) -> None:
     """Three processes on an empty cache, each resolving the default model (real GGUF
     conversion, ~20-50 s): one converts, the others say what they wait for and reuse it;
