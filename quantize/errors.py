@@ -68,3 +68,9 @@ def first_line(exc: BaseException) -> str:
     """The first line of an upstream exception's message (or its type): quoted inside our
     one-line errors, which must not span lines."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+class DiskError(QuantizeError):
+    """The environment refused a write: no space left, over quota, a read-only file system or
+    no permission. The message names the path and the fix; finished stages are kept, so
+    re-running the same command after the fix resumes."""

@@ -232,3 +232,47 @@ def check_memory(meta: Any, recipe: Recipe, config: dict[str, Any], device: str,
         facts |= check_gpu_memory(est, batch, seq, cpu_need)
     return facts
 
+
+
+# --- disk --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DiskNeed:
+    """Bytes one part of a run will write into `path` (a folder, existing or not)."""
+
+    what: str  # "quantize", "export", "baseline cache", ...
+    path: Path
+    bytes: int
+
+
+def _size(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
+
+
+def check_disk(needs: list[DiskNeed], *, free: Any = None) -> dict[str, Any]:
+    """Sum the needs per file system (two folders on one disk share its free space) and
+    refuse, on one line (need, free, path, fix), the first file system they overflow.
+    Returns the facts recorded in the manifest. `free(path)` is injectable for tests."""
+    import os
+
+    from quantize.run.files import free_bytes
+
+    free = free or free_bytes
+    by_fs: dict[int, list[DiskNeed]] = {}
+    for need in needs:
+        probe = Path(os.path.abspath(need.path))
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        by_fs.setdefault(os.stat(probe).st_dev, []).append(need)
+    facts: dict[str, Any] = {"disk_needed_bytes": {n.what: n.bytes for n in needs}}
+    for group in by_fs.values():
+        total = sum(n.bytes for n in group)
+        room = int(free(group[0].path))
+        if total > room:
+            parts = ", ".join(f"{n.what} {_size(n.bytes)}" for n in group if n.bytes)
+            where = " and ".join(sorted({str(n.path) for n in group}))
+            raise ResourceError(
+                f"not enough disk space: this run writes about {_size(total)} to {where} "
+                f"({parts}) and {_size(room)} is free there; free space, or put the run "
+                "folder (--out) or the cache (QUANTIZE_CACHE) on a larger disk, or pass "
+                "--no-disk-check to try anyway")
+    return facts

@@ -3,10 +3,12 @@ exit for a failure; QUANTIZE_DEBUG=1 shows the traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,6 +17,45 @@ import click
 from quantize.errors import QuantizeError
 
 F = TypeVar("F", bound=Callable[..., Any])
+# SIGTERM (a scheduler, `kill`, a container stop) and SIGHUP (the terminal closed) stop a run
+# the way Ctrl-C does: the stage being built is removed, finished stages and the manifest are
+# kept, the lock is released, and the same command resumes.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the main thread is, like Ctrl-C's KeyboardInterrupt."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _on_stop(signum: int, _frame: Any) -> None:
+    for sig in STOP_SIGNALS:  # a second TERM/HUP must not cut the clean-up short
+        signal.signal(sig, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[None]:
+    """Install the handlers for one command (main thread only), then put the old ones back."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, _on_stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+        click.echo(line, err=True)
 
 
 def _debug() -> bool:
@@ -27,24 +68,33 @@ def handle_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with _stop_signals():
+                return fn(*args, **kwargs)
         except QuantizeError as exc:
             if _debug():
                 raise
-            click.echo(f"error: {exc}", err=True)
+            _say(f"error: {exc}")
             sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             if _debug():
                 raise
-            click.echo("interrupted: finished stages are kept; re-run the same command to "
-                       "resume", err=True)
-            sys.exit(130)
+            signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
+            by = f" ({signal.Signals(signum).name})" if isinstance(exc, Stopped) else ""
+            _say(f"interrupted{by}: finished stages are kept; re-run the same command to "
+                 "resume")
+            sys.exit(128 + signum)
         except Exception as exc:
             if _debug():
                 raise
+            from quantize.run.files import disk_error
+
+            mapped = disk_error(exc)  # no space, quota, read-only, permission: exit 2
+            if mapped is not None:
+                _say(f"error: {mapped}")
+                sys.exit(mapped.exit_code)
             first = (str(exc).strip().splitlines() or [""])[0]
-            click.echo(f"error: internal error {type(exc).__name__}: {first} (set "
-                       "QUANTIZE_DEBUG=1 for the traceback and report it)", err=True)
+            _say(f"error: internal error {type(exc).__name__}: {first} (set "
+                 "QUANTIZE_DEBUG=1 for the traceback and report it)")
             sys.exit(1)
 
     return wrapper  # type: ignore[return-value]

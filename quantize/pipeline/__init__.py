@@ -77,6 +77,7 @@ class RunOptions:
     # processes for the quantize stage (torchrun, one GPU each); an execution setting like
     # the memory placement, not an input: not part of the stage key
     gpus: int = 1
+    no_disk_check: bool = False  # skip the disk pre-check (quantize.pipeline.disk)
 
 
 @dataclass
@@ -117,6 +118,10 @@ class Pipeline:
                                          model=self.meta)
             if STAGES.index(self.opts.until) >= STAGES.index("eval"):
                 self.suite()  # a bad suite fails now, not after hours of quantization
+            if not self.opts.no_disk_check:  # a full disk refused now, not after hours
+                from quantize.pipeline import disk
+
+                self.facts |= disk.check(self, list(STAGES[: STAGES.index(self.opts.until) + 1]))
             self._record_header()
             for stage in STAGES[: STAGES.index(self.opts.until) + 1]:
                 self._stage(stage)

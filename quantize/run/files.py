@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from quantize.errors import ExportError
+from quantize.errors import DiskError, ExportError, first_line
 
 _CHUNK = 1 << 20
 
@@ -108,12 +110,93 @@ def now() -> str:
 
 def pause_point(point: str) -> None:
     """Test hook: QUANTIZE_PAUSE_AT=<point> sleeps here (after writing the point's name to
-    QUANTIZE_PAUSE_MARKER), so that tests can kill a real run at a chosen place."""
+    QUANTIZE_PAUSE_MARKER), so that tests can kill a real run at a chosen place. With
+    QUANTIZE_PAUSE_UNTIL=<file> it goes on as soon as that file exists (tests change the
+    world at the point, e.g. fill the disk, then let the run continue)."""
     if os.environ.get("QUANTIZE_PAUSE_AT") == point:
         marker = os.environ.get("QUANTIZE_PAUSE_MARKER")
         if marker:
             Path(marker).write_text(point)
-        time.sleep(float(os.environ.get("QUANTIZE_PAUSE_SECONDS", "3600")))
+        deadline = time.monotonic() + float(os.environ.get("QUANTIZE_PAUSE_SECONDS", "3600"))
+        until = os.environ.get("QUANTIZE_PAUSE_UNTIL")
+        while time.monotonic() < deadline and not (until and os.path.exists(until)):
+            time.sleep(0.05 if until else 1.0)
+
+
+# --- the environment refusing a write ------------------------------------------------------
+# errno -> what happened and the fix; the path is added by disk_error
+_DISK_ERRNOS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+# the same errors from code that does not raise OSError (the safetensors writer, in Rust,
+# raises SafetensorError "... No space left on device (os error 28)")
+_OS_ERROR = re.compile(r"(?:os error|Errno) (\d+)")
+_STRERROR = {os.strerror(n): n for n in _DISK_ERRNOS}
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes (for this user) on the file system that holds, or will hold, `path`."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return int(shutil.disk_usage(path).free)
+
+
+def disk_errno(exc: BaseException) -> int | None:
+    """The errno when `exc` (or what caused it) is the environment refusing a write."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in _DISK_ERRNOS:
+            return cur.errno
+        text = str(cur)
+        m = _OS_ERROR.search(text)
+        if m and int(m.group(1)) in _DISK_ERRNOS:
+            return int(m.group(1))
+        for msg, n in _STRERROR.items():
+            if msg in text:
+                return n
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _fmt(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def disk_error(exc: BaseException, path: Path | str | None = None) -> DiskError | None:
+    """A one-line DiskError naming the path and the fix, or None when `exc` is not a disk,
+    quota, read-only or permission error. The path is the one the error names, else `path`."""
+    code = disk_errno(exc)
+    if code is None:
+        return None
+    named = getattr(exc, "filename", None) if isinstance(exc, OSError) else None
+    known = named or path
+    where: Path | str = (Path(os.path.abspath(known)) if known else
+                         f"a file the error does not name ({first_line(exc)})")
+    again = ("then re-run the same command: finished stages are kept and the run resumes "
+             "(QUANTIZE_CACHE moves the model cache, --out the run folder)")
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            free = f"{_fmt(free_bytes(Path(where)))} free there" if known else "free unknown"
+        except OSError:
+            free = "free space unknown"
+        msg = (f"{_DISK_ERRNOS[code]} writing {where} ({free}); free space on that file "
+               f"system or write somewhere larger, {again}")
+    elif code == errno.EROFS:
+        msg = (f"cannot write {where}: it is on a read-only file system; use a writable "
+               f"folder, {again}")
+    else:
+        msg = (f"cannot access {where}: {_DISK_ERRNOS[code]}; fix its permissions or use a "
+               f"folder you own, {again}")
+    err = DiskError(msg)
+    err.errno = code  # type: ignore[attr-defined]
+    return err
 
 
 def _fsync_dir(path: Path) -> None:
@@ -125,10 +208,21 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def _reraise(exc: OSError, path: Path) -> NoReturn:
+    """Raise `exc` as a DiskError naming `path` when it is one, else as it is."""
+    mapped = disk_error(exc, path)
+    if mapped is not None:
+        raise mapped from exc
+    raise exc
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        _reraise(exc, path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -136,9 +230,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            _reraise(exc, path)
         raise
 
 
@@ -162,18 +258,29 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     are not fsynced one by one (that cost seconds per GB): the manifest entry written after
     the rename holds every file's sha256, and a later run re-checks them before reusing a
     stage, so a file torn by a power loss is rebuilt, never trusted.
+
+    A write the environment refuses (no space, quota, read-only, permission), in this
+    process's code or an engine's, becomes a one-line DiskError naming the folder; the
+    `.partial` is removed either way, so nothing half-written stays to fill the disk.
     """
     tmp = tmp_dir_for(final)
-    # left by a killed run: a half-written folder, or the previous version a crash caught
-    # between its two renames (the manifest then no longer matches: the stage is rebuilt)
-    for stale in (tmp, final.parent / f".{final.name}.old"):
-        if stale.exists():
-            shutil.rmtree(stale)
-    tmp.mkdir(parents=True)
+    try:
+        # left by a killed run: a half-written folder, or the previous version a crash caught
+        # between its two renames (the manifest then no longer matches: the stage is rebuilt)
+        for stale in (tmp, final.parent / f".{final.name}.old"):
+            if stale.exists():
+                shutil.rmtree(stale)
+        tmp.mkdir(parents=True)
+    except OSError as exc:
+        _reraise(exc, final.parent)
     try:
         yield tmp
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, Exception) and not isinstance(exc, DiskError):
+            mapped = disk_error(exc, final)
+            if mapped is not None:
+                raise mapped from exc
         raise
     if final.exists():
         old = final.parent / f".{final.name}.old"

@@ -23,10 +23,11 @@ import contextlib
 import fcntl
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from quantize.errors import LockedError
+from quantize.run.files import disk_error
 
 LOCK_NAME = ".lock"
 
@@ -46,9 +47,12 @@ def _holder(path: Path) -> str:
     return f"process {pid}" if pid.isdigit() else "another process"
 
 
-def _take(path: Path, *, wait_s: float) -> int:
-    """An open fd of `path` holding an exclusive flock; LockedError after `wait_s`."""
+def _take(path: Path, *, wait_s: float, refused: Callable[[str], str] | None = None,
+          on_wait: Callable[[str], None] | None = None) -> int:
+    """An open fd of `path` holding an exclusive flock; LockedError after `wait_s`.
+    `on_wait(holder)` is called once, when the lock is first found held."""
     deadline = time.monotonic() + wait_s
+    waited = False
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -56,8 +60,13 @@ def _take(path: Path, *, wait_s: float) -> int:
         except BlockingIOError:
             os.close(fd)
             if time.monotonic() >= deadline:
-                raise LockedError(f"{path.parent} is in use by {_holder(path)}; wait for it to "
-                                  "finish or use another --out folder") from None
+                holder = _holder(path)
+                raise LockedError(refused(holder) if refused else (
+                    f"{path.parent} is in use by {holder}; wait for it to finish or use "
+                    "another --out folder")) from None
+            if on_wait is not None and not waited:
+                on_wait(_holder(path))
+            waited = True
             time.sleep(0.05)
             continue
         try:
@@ -69,9 +78,20 @@ def _take(path: Path, *, wait_s: float) -> int:
         os.close(fd)  # the file was removed (released) after we opened it: take the new one
 
 
+@contextlib.contextmanager
+def _disk_errors(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        mapped = disk_error(exc, path)
+        if mapped is None:
+            raise
+        raise mapped from exc
+
+
 def _release(fd: int, path: Path, *, remove: bool) -> None:
     if remove:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # gone, or a folder turned read-only meanwhile
             path.unlink()  # while still held: a later taker's inode check sees the new file
     fcntl.flock(fd, fcntl.LOCK_UN)
     os.close(fd)
@@ -85,12 +105,13 @@ def run_lock(run_dir: Path, *, private: bool = False) -> Iterator[None]:
     when the run wrote nothing into it (a refused input leaves no empty run folder behind).
     """
     created = not run_dir.exists()
-    if private:
-        private_dir(run_dir)
-    else:
-        run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
-    fd = _take(path, wait_s=0.0)
+    with _disk_errors(run_dir):  # a read-only or full output folder: one line, not a crash
+        if private:
+            private_dir(run_dir)
+        else:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        fd = _take(path, wait_s=0.0)
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     try:
@@ -102,12 +123,31 @@ def run_lock(run_dir: Path, *, private: bool = False) -> Iterator[None]:
                 run_dir.rmdir()  # only succeeds when empty
 
 
+def _say_waiting(what: str, path: Path) -> Callable[[str], None]:
+    def say(holder: str) -> None:
+        from quantize.progress import info
+
+        info(f"waiting for {holder} to finish {what} (lock {path}; it is released the moment "
+             "that process exits, however it exits)")
+
+    return say
+
+
 @contextlib.contextmanager
-def entry_lock(path: Path, *, wait_s: float = 6 * 3600) -> Iterator[None]:
+def entry_lock(path: Path, *, what: str = "writing a cache entry",
+               wait_s: float = 6 * 3600) -> Iterator[None]:
     """Serialise writers of one shared cache entry (`path` is the entry's lock file): a
-    second process waits for the first, then finds the entry made. The file stays."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = _take(path, wait_s=wait_s)
+    second process says what it waits for (`what`, the holder's pid), waits, then finds the
+    entry made. A dead holder's lock is gone with it (the kernel drops a process's flocks on
+    exit, SIGKILL included). The file stays (removing it would let a waiter that opened
+    it lock an orphan inode while a newcomer locks a new file)."""
+    with _disk_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = _take(path, wait_s=wait_s, on_wait=_say_waiting(what, path),
+                   refused=lambda holder: f"gave up waiting for {holder} to finish {what} "
+                   f"after {wait_s:.0f} s (lock {path}); if it is stuck, stop it and re-run")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)  # for the waiters' message only
     try:
         yield
     finally:

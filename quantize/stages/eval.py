@@ -17,6 +17,7 @@ from quantize.model.decode import load_dequantized
 from quantize.model.qconfig import NATIVE_METHODS, quant_method
 from quantize.progress import info, step
 from quantize.run.files import atomic_write_json, atomic_write_text, pause_point
+from quantize.run.lock import entry_lock
 from quantize.spec.recipe import EvalSuite, MetricSpec, canonical_hash
 
 NAME = "eval"
@@ -106,12 +107,14 @@ def baseline(model_path: Path, fingerprint: str, suite: EvalSuite, device: str,
     key = canonical_hash({"model": fingerprint, "settings": measured_settings(suite),
                           "device": device, "versions": versions})
     path = cache_root() / "baselines" / f"{key}.json"
-    if path.is_file():
-        info(f"[dim]baseline scores from cache {path.name[:16]}[/dim]")
-        cached: dict[str, Any] = json.loads(path.read_text())
-        return cached, True
-    results = evaluate(model_path, suite, device, "baseline")
-    atomic_write_json(path, results)
+    # one process measures an entry; another run of the same baseline waits, then reads it
+    with entry_lock(path.parent / f".{path.name}.lock", what=f"measuring the baseline {key[:16]}"):
+        if path.is_file():
+            info(f"[dim]baseline scores from cache {path.name[:16]}[/dim]")
+            cached: dict[str, Any] = json.loads(path.read_text())
+            return cached, True
+        results = evaluate(model_path, suite, device, "baseline")
+        atomic_write_json(path, results)
     return results, False
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +22,28 @@ def run(job: QuantizeJob, out: Path) -> dict[str, Any]:
     if job.group_size:
         what += f" g{job.group_size}"
     with step(f"quantizing with {backend.name}: {what}, {len(job.samples)} calibration samples"
-              f" on {job.device}"):
+              f" on {job.device}"), _log_write_errors_raise():
         summary = backend.quantize(job, out)
     summary["peak_rss_gib"] = peak_rss_gib()  # `quantize compare` shows it per engine
     return summary
+
+
+@contextlib.contextmanager
+def _log_write_errors_raise() -> Iterator[None]:
+    """Engines add their log files through loguru (llm-compressor: <run>/logs/), which by
+    default catches a failed write and prints a traceback to stderr for every later line: a
+    full disk buried the one-line error under them. Log files added during the stage raise
+    instead, so the stage stops and the error is one line (quantize.run.files.disk_error)."""
+    try:
+        from loguru import logger
+    except ImportError:  # no engine that logs through loguru
+        yield
+        return
+    logger.add = functools.partial(logger.add, catch=False)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del logger.add  # the class's method again
 
 
 def peak_rss_gib() -> float | None:

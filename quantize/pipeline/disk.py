@@ -1,0 +1,140 @@
+"""What the remaining stages of a run will write, where: the disk pre-check's input.
+
+Before calibration, each stage that will run is sized from what is known already:
+
+    calibrate  the token ids (int64, num_samples x seq_len) and a small summary
+    quantize   the checkpoint: the planner's weight bytes for this recipe (quantize.planner.
+               weights: every tensor as compressed-tensors stores it, tied embeddings once),
+               the source model's other files (tokenizer, configs) and the engine's log;
+               plus the weights that do not fit in host RAM when they spill to disk (.offload)
+    export     the weights are hard links of the quantize stage's (counted once), so only
+               the copied small files, the recipe and the export manifest
+    eval/gate  reports, and the baseline's per-window scores in the shared cache
+
+The small files are allowances (measured on the tiny and default models, docs/reliability.md);
+the weights dominate from a few MB up. quantize.checks.resources.check_disk compares the sum
+per file system with its free space.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from quantize.checks.resources import DiskNeed
+
+KiB = 1024
+_WEIGHT_SUFFIX = ".safetensors"
+# allowances for the small files each stage writes (sizes seen: calibration.json 0.6 KB,
+# config.json with its quantization_config 1.7 KB, llm-compressor's log 32 KB, eval.json
+# 1.7 KB, gate.json 0.6 KB, manifest.json 8 KB, a baseline cache entry 0.4-30 KB)
+_CALIBRATE_EXTRA = 4 * KiB
+_QUANTIZE_EXTRA = 48 * KiB  # quantization_config in config.json, the engine's recipe and log
+_EXPORT_EXTRA = 8 * KiB  # recipe.yaml, manifest.json
+_EVAL = 8 * KiB
+_BASELINE_PER_METRIC = 16 * KiB
+_GATE = 4 * KiB
+_MANIFEST = 16 * KiB  # the run manifest, rewritten after each stage (old + new at the rename)
+
+
+def remaining(manifest: dict[str, Any], stages: list[str], rerun: tuple[str, ...], *,
+              same_run: bool) -> list[str]:
+    """The stages that will write: from the first one not recorded as done (or asked to
+    re-run) on, since every later stage's key names the earlier ones. A folder that recorded
+    another recipe or model (`same_run` false) re-runs everything. (A recorded stage whose
+    inputs changed in another way is not foreseen; a full disk then still stops it with a
+    one-line error, and the re-run resumes.)"""
+    recorded = manifest.get("stages") or {}
+    for i, name in enumerate(stages):
+        entry = recorded.get(name)
+        if (not same_run or entry is None or entry.get("status") != "done" or name in rerun
+                or "all" in rerun):
+            return stages[i:]
+    return []
+
+
+def check(pipe: Any, stages: list[str]) -> dict[str, Any]:
+    """The disk pre-check of a pipeline run (quantize.pipeline.Pipeline) over `stages`:
+    refuses (ResourceError, one line) or returns the facts for the manifest."""
+    from quantize.checks.resources import check_disk
+    from quantize.model.source import cache_root
+    from quantize.spec.recipe import canonical_hash
+    from quantize.stages.calibrate import resolve_spec
+
+    m = pipe.manifest
+    same = ((m.get("recipe") or {}).get("sha256") == canonical_hash(pipe.recipe)
+            and (m.get("model") or {}).get("path") == str(pipe.model.path))
+    todo = remaining(m, stages, pipe.opts.rerun, same_run=same)
+    if not todo:
+        return {}
+    spec, _ = resolve_spec(pipe.recipe, pipe.opts.dataset)
+    metrics = len(pipe.suite().metrics) if "eval" in todo else 0
+    return check_disk(needs(
+        stages=todo, run_dir=pipe.run_dir, cache=cache_root(), model_dir=pipe.model.path,
+        meta=pipe.meta, recipe=pipe.recipe, config=pipe.model.config,
+        group=pipe.facts.get("group_size"), device=pipe.device,
+        calibration=(spec.num_samples, spec.seq_len), metrics=metrics))
+
+
+def side_files(model_dir: Path) -> int:
+    """Bytes of the model folder's files other than weights (tokenizer, configs, templates):
+    the engine saves them with the checkpoint, and the export copies them again."""
+    return sum(p.stat().st_size for p in model_dir.iterdir()
+               if p.is_file() and not p.name.startswith(".") and p.suffix != _WEIGHT_SUFFIX
+               and not p.name.endswith(".index.json"))
+
+
+def export_weight_bytes(meta: Any, recipe: Any, config: dict[str, Any],
+                        group: int | None) -> int:
+    """The export's weight bytes, from the planner (one home for what a format costs)."""
+    from quantize.model.config import weight_bytes
+    from quantize.planner.weights import estimate_weights, recipe_layers
+
+    return estimate_weights(meta, weight_bytes(config), recipe_layers(meta, recipe, group)).total
+
+
+def calibration_bytes(num_samples: int, seq_len: int) -> int:
+    return num_samples * seq_len * 8 + num_samples * 8 + _CALIBRATE_EXTRA
+
+
+def offload_bytes(meta: Any, recipe: Any, config: dict[str, Any], device: str,
+                  offload_dir: Path) -> int:
+    """Weights that spill to the offload folder when host RAM is short (the quantize stage's
+    own choice: quantize.checks.placement), else 0."""
+    from quantize.checks.placement import choose_host
+    from quantize.checks.resources import estimate_host_bytes, host_free_bytes, model_size
+    from quantize.model.config import weight_bytes
+    from quantize.run.files import free_bytes
+
+    params = model_size(meta, recipe).params
+    weights = params * (4 if device == "cpu" else weight_bytes(config))
+    plan = choose_host(estimate_host_bytes(params, device), weights, host_free_bytes(),
+                       free_bytes(offload_dir))
+    return plan.disk_bytes
+
+
+def needs(*, stages: list[str], run_dir: Path, cache: Path, model_dir: Path, meta: Any,
+          recipe: Any, config: dict[str, Any], group: int | None, device: str,
+          calibration: tuple[int, int], metrics: int) -> list[DiskNeed]:
+    """What each of `stages` writes, and where (run folder, or the shared cache)."""
+    side = side_files(model_dir)
+    out: list[DiskNeed] = []
+    for stage in stages:
+        if stage == "calibrate":
+            out.append(DiskNeed("calibrate", run_dir, calibration_bytes(*calibration)))
+        elif stage == "quantize":
+            weights = export_weight_bytes(meta, recipe, config, group)
+            out.append(DiskNeed("quantize", run_dir, weights + side + _QUANTIZE_EXTRA))
+            spill = offload_bytes(meta, recipe, config, device, run_dir / ".offload")
+            if spill:
+                out.append(DiskNeed("offload", run_dir, spill))
+        elif stage == "export":  # weights hard-linked: counted once, in quantize
+            out.append(DiskNeed("export", run_dir, side + _EXPORT_EXTRA))
+        elif stage == "eval":
+            out.append(DiskNeed("eval", run_dir, _EVAL))
+            out.append(DiskNeed("baseline cache", cache, _BASELINE_PER_METRIC * metrics))
+        elif stage == "gate":
+            out.append(DiskNeed("gate", run_dir, _GATE))
+    if out:
+        out.append(DiskNeed("manifest", run_dir, _MANIFEST))
+    return out
