@@ -112,6 +112,12 @@ def fp4_scales(t: dict[str, torch.Tensor], wargs: Args) -> torch.Tensor:
         return torch.pow(2.0, s.to(torch.float32) - 127.0)
     scale = s.float()
     g = t.get("weight_global_scale")
+    if g is not None and not bool(torch.isfinite(g.float()).all()):
+        # 448 * 6 / amax overflows float16 (65504) when a tensor's amax is below 0.041: an
+        # NVFP4 export of a float16 model must then be made from a bfloat16 copy
+        raise VerifyError(f"weight_global_scale is {g.float().flatten()[0].item()} (not "
+                          "finite): the NVFP4 scale overflowed the checkpoint's float16; "
+                          "quantize a bfloat16 copy of the model")
     return scale / g.float().reshape(()) if g is not None else scale
 
 
