@@ -178,3 +178,48 @@ def test_seed_question_rows_and_native_preference() -> None:
     rows = {r.recipe: r for r in hopper.rows}
     assert rows["nvfp4"].support == "fallback" and "FP4 Marlin" in rows["nvfp4"].gpu_note
     assert hopper.recommendation is not None and hopper.recommendation.recipe != "nvfp4"
+
+
+# --- verify's support check -------------------------------------------------------------------
+def _ct_config(scheme: str) -> dict[str, object]:
+    """config.json's quantization_config as compressed-tensors writes it for the preset."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    s = preset_name_to_scheme(scheme, ["Linear"])
+    group = {"targets": ["Linear"], "weights": s.weights.model_dump(mode="json"),
+             "input_activations": s.input_activations.model_dump(mode="json")
+             if s.input_activations else None}
+    return {"quantization_config": {"quant_method": "compressed-tensors",
+                                    "config_groups": {"group_0": group}, "ignore": ["lm_head"]}}
+
+
+@pytest.mark.parametrize(("scheme", "family"), [
+    ("NVFP4", "nvfp4"), ("NVFP4A16", "nvfp4-weight-only"), ("MXFP4", "mxfp4"),
+    ("MXFP4A16", "mxfp4-weight-only"), ("FP8_BLOCK", "fp8-block")])
+def test_checkpoints_read_back_as_their_scheme_and_kernel(scheme: str, family: str) -> None:
+    from quantize.model.qconfig import read_quant_config
+
+    qc = read_quant_config(_ct_config(scheme))
+    assert qc is not None
+    group = qc.groups[0]
+    assert group.kernel == family and group.scheme is not None and group.scheme.name == scheme
+
+
+def test_cpu_verify_falls_back_for_fp4_and_block_fp8_without_amx() -> None:
+    from quantize.vllm import host as H
+    from quantize.vllm import support as caps
+
+    avx512 = H.Host("py", "0.32.0", "cpu", {"avx2": True, "avx512": True, "amx_tile": False},
+                    dict.fromkeys(("cpu_gemm_wna16", "onednn_scaled_mm"), True))
+    amx = H.Host("py", "0.32.0", "cpu", {"avx512": True, "amx_tile": True}, {})
+    for scheme in ("NVFP4", "NVFP4A16", "MXFP4", "MXFP4A16"):
+        s = caps.supported(caps.checkpoint_format(_ct_config(scheme)), amx)
+        assert not s.ok and "no CPU kernel" in s.reason and "_POSSIBLE_" in s.reason
+    block = caps.checkpoint_format(_ct_config("FP8_BLOCK"))
+    assert "block FP8 needs AMX or a GPU" in caps.supported(block, avx512).reason
+    assert caps.supported(block, amx).ok
+    blackwell = H.Host("py", "0.32.0", "cuda", gpus=[120])
+    assert caps.supported(caps.checkpoint_format(_ct_config("NVFP4")), blackwell).ok
+    turing = H.Host("py", "0.32.0", "cuda", gpus=[75])
+    assert "compute capability >= 8.0" in caps.supported(
+        caps.checkpoint_format(_ct_config("MXFP4A16")), turing).reason
