@@ -153,7 +153,8 @@ def check(recipe: Recipe, config: dict[str, Any], tp: int = 1, *,
         warnings += gpu_notes(schemes, gpu, experts)
     for w in warnings:
         info(f"[dim]note: {w}[/dim]")
-    facts = {"group_size": group_size, "layers": len(layers), "tp": tp, "warnings": warnings}
+    facts: dict[str, Any] = {"group_size": group_size, "layers": len(layers), "tp": tp,
+                             "warnings": warnings}
     if gpu is not None:
         facts["gpu"] = {"name": gpu.name, "compute_capability": gpu.cc}
     return facts
