@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from quantize.checks.formats import GpuTarget, check_shapes, gpu_notes
 from quantize.errors import PreflightError, QuantizeError, first_line
 from quantize.model.config import build_hf_config
 from quantize.progress import info
@@ -114,12 +115,14 @@ def build_meta(recipe: Recipe, config: dict[str, Any]) -> Any:
 
 
 def check(recipe: Recipe, config: dict[str, Any], tp: int = 1, *,
-          model: Any = None) -> dict[str, Any]:
+          model: Any = None, gpu: GpuTarget | None = None) -> dict[str, Any]:
     """All pre-flight checks; returns the facts later stages need (resolved group size...).
 
     `tp` is the tensor-parallel size the export will be served with; `warnings` lists what
     loads but runs slower (e.g. Marlin tile padding). `model`: the meta model when the caller
-    already built it (build_meta), so that it is built once per run."""
+    already built it (build_meta), so that it is built once per run. `gpu`: the card the
+    export is meant for (`--gpu`): a format it runs only through a fallback is a warning, one
+    it cannot run at all an error (quantize.checks.formats)."""
     check_architecture(config)
     check_engine(recipe, config)
     if model is None:
@@ -144,9 +147,17 @@ def check(recipe: Recipe, config: dict[str, Any], tp: int = 1, *,
     schemes = layer_schemes(model, recipe, group_size)
     check_fused_schemes(schemes)
     warnings = check_tensor_parallel(config, model, schemes, tp)
+    check_shapes(schemes, tp, FUSED_GROUPS, ROW_PARALLEL)
+    if gpu is not None:
+        experts = any(type(m).__name__.endswith("Experts") for m in model.modules())
+        warnings += gpu_notes(schemes, gpu, experts)
     for w in warnings:
         info(f"[dim]note: {w}[/dim]")
-    return {"group_size": group_size, "layers": len(layers), "tp": tp, "warnings": warnings}
+    facts: dict[str, Any] = {"group_size": group_size, "layers": len(layers), "tp": tp,
+                             "warnings": warnings}
+    if gpu is not None:
+        facts["gpu"] = {"name": gpu.name, "compute_capability": gpu.cc}
+    return facts
 
 
 def check_engine(recipe: Recipe, config: dict[str, Any]) -> None:

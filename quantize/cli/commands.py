@@ -18,6 +18,13 @@ _tp_option = click.option(
     help="tensor-parallel size the export will be served with in vLLM: pre-flight checks that "
          "heads, sharded layers and group size split over this many GPUs")
 
+# Only checked, never used to quantize: pre-flight says, before calibration, whether vLLM runs
+# the recipe's format natively on this GPU, through a weight-only fallback, or not at all.
+_gpu_option = click.option(
+    "--gpu", "gpu", default=None,
+    help="GPU the export is for (catalog name, e.g. rtx5090, h100, a100-80gb): pre-flight "
+         "warns when vLLM cannot run the format natively there and says what would")
+
 
 def _run_options(fn: Any) -> Any:
     opts = [
@@ -36,6 +43,7 @@ def _run_options(fn: Any) -> Any:
                      help="accept .bin/.pt weights (pickle can run code: trusted sources only)"),
         click.option("--suite", default=None, help="eval suite (default: the recipe's)"),
         _tp_option,
+        _gpu_option,
         click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True,
                      help="calibrate data-parallel on this many GPUs (torchrun, llm-compressor's "
                           "DDP; with --device cpu: processes, gloo); other stages run once"),
@@ -54,7 +62,7 @@ def _run(until: str, **kw: Any) -> None:
     opts = RunOptions(recipe=kw["recipe"], model=kw["model"], dataset=kw["dataset"],
                       out=kw["out"], device=kw["device"], until=until, rerun=kw["rerun"],
                       allow_pickle=kw["allow_pickle"], suite=kw["suite"], tp=kw["tp"],
-                      gpus=kw["gpus"], no_disk_check=kw["no_disk_check"])
+                      gpus=kw["gpus"], no_disk_check=kw["no_disk_check"], gpu=kw["gpu"])
     _finish(run(opts))
 
 
@@ -190,8 +198,10 @@ def recipes_cmd() -> None:
 @click.option("--model", "-m", default=None, help="also run the pre-flight checks on this model")
 @click.option("--no-model", is_flag=True, help="check the recipe file only")
 @_tp_option
+@_gpu_option
 @handle_errors
-def validate_cmd(recipe: str, model: str | None, no_model: bool, tp: int) -> None:
+def validate_cmd(recipe: str, model: str | None, no_model: bool, tp: int,
+                 gpu: str | None) -> None:
     """Check RECIPE (a name or YAML path): schema, calibration spec, eval suite, and the
     pre-flight checks against the model (default model unless --no-model)."""
     from quantize.checks import preflight
@@ -207,7 +217,9 @@ def validate_cmd(recipe: str, model: str | None, no_model: bool, tp: int) -> Non
         return
     ref = resolve_model(model)
     check_architecture(ref.config, trust_remote_code=r.trust_remote_code)
-    facts = preflight.check(r, ref.config, tp=tp)
+    from quantize.pipeline import target_gpu
+
+    facts = preflight.check(r, ref.config, tp=tp, gpu=target_gpu(gpu))
     click.echo(f"{r.name} on {ref.name}: pre-flight ok ({facts['layers']} layers to quantize"
                + (f", group size {facts['group_size']}" if facts["group_size"] else "")
                + (f", tp {tp})" if tp > 1 else ")"))

@@ -84,7 +84,7 @@ def render(plan: object) -> list[str]:
            f"vLLM profile run: max_num_batched_tokens {plan.batched}, max_num_seqs "
            f"{req.concurrency}; constants from vLLM {req.profile} logs", ""]
     head = ("recipe", "format", "weights/GPU", "KV B/tok", "KV tokens", "max seqs", "fits",
-            "min TP", "accuracy")
+            "min TP", "accuracy", f"on {gpu.name}")
     rows = [head]
     for r in plan.rows:
         m = r.memory
@@ -97,7 +97,7 @@ def render(plan: object) -> list[str]:
                      _STATUS.get(r.status, r.status),
                      str(r.min_tp) if r.min_tp else "-" if r.status in ("n/a", "unsupported")
                      else f">{TP_CANDIDATES[-1]}",
-                     _accuracy(r.accuracy, r.accuracy_source)))
+                     _accuracy(r.accuracy, r.accuracy_source), r.support))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
     for row in rows:
         out.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

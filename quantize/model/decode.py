@@ -50,6 +50,8 @@ def decode_weight(t: dict[str, torch.Tensor], wargs: Args | None) -> torch.Tenso
     `wargs`: the layer's weight arguments (None only for unpacked per-tensor/channel)."""
     import torch
 
+    if wargs is not None and wargs.type == "float" and wargs.num_bits == 4:
+        return decode_fp4(t, wargs)
     scale = t["weight_scale"].float()
     if "weight_packed" in t:
         if wargs is None:
@@ -65,6 +67,10 @@ def decode_weight(t: dict[str, torch.Tensor], wargs: Args | None) -> torch.Tenso
         zp = t["weight_zero_point"].long() if "weight_zero_point" in t else None
         out_f, in_f = q.shape
     q = q.float()
+    if wargs is not None and wargs.strategy == "block":  # before the shape rules: a (2, 1)
+        bh, bw = wargs.block_structure or (0, 0)  # grid of blocks is not per channel
+        s = scale.repeat_interleave(bh, 0)[:out_f].repeat_interleave(bw, 1)[:, :in_f]
+        return q * s
     if scale.numel() == 1:
         return (q - (zp.float() if zp is not None else 0)) * scale.reshape(())
     if scale.shape[1] == 1:  # per channel
@@ -72,15 +78,76 @@ def decode_weight(t: dict[str, torch.Tensor], wargs: Args | None) -> torch.Tenso
     if wargs is None:
         raise VerifyError("a grouped or blocked weight without weight arguments cannot be "
                           "decoded")
-    if wargs.strategy == "block":
-        bh, bw = wargs.block_structure or (0, 0)
-        s = scale.repeat_interleave(bh, 0)[:out_f].repeat_interleave(bw, 1)[:, :in_f]
-        return q * s
     gs = int(wargs.group_size or in_f)
     g_idx = t.get("weight_g_idx")
     cols = g_idx.long() if g_idx is not None else torch.arange(in_f) // gs
     z = zp.float()[:, cols] if zp is not None else 0
     return (q - z) * scale[:, cols]
+
+
+# --- FP4 (NVFP4, MXFP4) ---------------------------------------------------------------------
+# E2M1 magnitudes by the low three bits of a code; bit 3 is the sign (OCP MX spec, 5.3.3)
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def fp4_values(packed: torch.Tensor) -> torch.Tensor:
+    """[rows, 2*cols] fp32 E2M1 values from uint8 bytes holding two codes each, the element
+    of the even column in the low nibble."""
+    import torch
+
+    b = packed.to(torch.int64)
+    codes = torch.stack((b & 0xF, b >> 4), dim=-1).flatten(start_dim=-2)
+    mag = torch.tensor(E2M1, dtype=torch.float32)[codes & 7]
+    return torch.where(codes & 8 != 0, -mag, mag)
+
+
+def fp4_scales(t: dict[str, torch.Tensor], wargs: Args) -> torch.Tensor:
+    """The effective fp32 scale of each group: NVFP4 stores FP8 scales multiplied by a
+    per-tensor global scale (`weight_global_scale`, a divisor); MXFP4 stores E8M0 exponents
+    (uint8, bias 127)."""
+    import torch
+
+    s = t["weight_scale"]
+    if s.dtype == torch.uint8:  # E8M0
+        return torch.pow(2.0, s.to(torch.float32) - 127.0)
+    scale = s.float()
+    g = t.get("weight_global_scale")
+    if g is not None and not bool(torch.isfinite(g.float()).all()):
+        # 448 * 6 / amax overflows float16 (65504) when a tensor's amax is below 0.041: an
+        # NVFP4 export of a float16 model must then be made from a bfloat16 copy
+        raise VerifyError(f"weight_global_scale is {g.float().flatten()[0].item()} (not "
+                          "finite): the NVFP4 scale overflowed the checkpoint's float16; "
+                          "quantize a bfloat16 copy of the model")
+    return scale / g.float().reshape(()) if g is not None else scale
+
+
+def decode_fp4(t: dict[str, torch.Tensor], wargs: Args) -> torch.Tensor:
+    """Dense weight (fp32 tensor) of an NVFP4/MXFP4 layer: E2M1 codes times their group's
+    scale, computed in fp32 and rounded once to bfloat16 - the dense dtype of the format's
+    reference decompression (compressed-tensors nvfp4/helpers.py unpack_fp4_from_uint8), so
+    that the loader's weights can be compared bit for bit. MXFP4's power-of-two scales make
+    the rounding exact; NVFP4's FP8 scale over the global scale does not."""
+    import torch
+
+    q = fp4_values(t["weight_packed"])
+    gs = int(wargs.group_size or 16)
+    scale = fp4_scales(t, wargs)
+    w = (q.reshape(q.shape[0], -1, gs) * scale.unsqueeze(-1)).reshape(q.shape)
+    return w.to(torch.bfloat16).float()
+
+
+def round_fp4(x: torch.Tensor) -> torch.Tensor:
+    """x (already clamped to [-6, 6]) rounded to the nearest E2M1 value, ties to the even
+    code (as round-to-nearest-even casts do)."""
+    import torch
+
+    grid = torch.tensor(E2M1, dtype=x.dtype)
+    mid = (grid[1:] + grid[:-1]) / 2
+    a = x.abs()
+    idx = torch.bucketize(a, mid)  # mid values go down (to the lower index)...
+    tie = (idx < len(E2M1) - 1) & (a == mid[idx.clamp(max=len(mid) - 1)])
+    idx = torch.where(tie & (idx % 2 == 1), idx + 1, idx)  # ...unless that code is odd
+    return torch.sign(x) * grid[idx]
 
 
 # --- native GPTQ / AWQ ----------------------------------------------------------------------
@@ -169,6 +236,8 @@ def _fake_quant_hook(aargs: Args, input_scale: torch.Tensor | None) -> Any:
 
     def hook(_mod: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
         x = args[0]
+        if kind == "float" and (bits == 4 or aargs.strategy in ("group", "tensor_group")):
+            return (_group_fake_quant(x, aargs, input_scale), *args[1:])
         if aargs.dynamic and aargs.strategy == "token":
             s = x.abs().amax(dim=-1, keepdim=True) / qmax
         elif aargs.dynamic:
@@ -185,6 +254,35 @@ def _fake_quant_hook(aargs: Args, input_scale: torch.Tensor | None) -> Any:
         return (y * s, *args[1:])
 
     return hook
+
+
+def _group_fake_quant(x: torch.Tensor, aargs: Args, global_scale: torch.Tensor | None
+                      ) -> torch.Tensor:
+    """Activations quantized per group along the last dimension, scales computed at run time:
+    FP8 groups of 128 (block FP8: amax / 448), NVFP4 groups of 16 (FP8 scale of amax / 6
+    times the calibrated global scale, a divisor), MXFP4 groups of 32 (E8M0 scale: amax's
+    power of two, rounded up from a mantissa of 1.75, over 2^2, E2M1's largest exponent;
+    compressed-tensors' mxfp_utils.py generate_mx_scales)."""
+    import torch
+
+    gs = int(aargs.group_size or x.shape[-1])
+    shape = x.shape
+    g = x.float().unflatten(-1, (shape[-1] // gs, gs))
+    amax = g.abs().amax(dim=-1, keepdim=True)
+    if aargs.num_bits == 8:
+        s = (amax / 448.0).clamp_min(1e-12)
+        y = (g / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * s
+        return y.flatten(start_dim=-2).to(x.dtype)
+    if global_scale is not None:  # NVFP4
+        gscale = global_scale.float().reshape(())
+        s = (gscale * amax / 6.0).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() / gscale
+    else:  # MXFP4: amax to a power of two (up when its mantissa is >= 1.75), minus 2
+        m, e = torch.frexp(amax.clamp_min(2.0 ** -126))  # amax = m * 2^e, m in [0.5, 1)
+        e = e.float() - 1.0 + (m >= 0.875).float()
+        s = torch.pow(2.0, (e - 2.0).clamp(-127.0, 127.0))
+    s = torch.where(s == 0, torch.ones_like(s), s)  # an all-zero group: any scale gives zeros
+    y = round_fp4((g / s).clamp(-6.0, 6.0)) * s
+    return y.flatten(start_dim=-2).to(x.dtype)
 
 
 def layer_groups(model: Any, qc: QuantConfig) -> dict[str, Group]:
@@ -244,7 +342,8 @@ def build_reference(ckpt: Path, config: dict[str, Any]) -> tuple[Any, dict[str, 
                 state[name + ".bias"] = t["bias"].float()
             if group.activations is not None:
                 mod.register_forward_pre_hook(
-                    _fake_quant_hook(group.activations, t.get("input_scale")))
+                    _fake_quant_hook(group.activations,
+                                     t.get("input_scale", t.get("input_global_scale"))))
     quant_prefixes = tuple(n + "." for n in decoded)
     for k, v in raw.items():
         if not k.startswith(quant_prefixes) and v.is_floating_point():
@@ -303,5 +402,14 @@ def load_dequantized(path: Path, **kwargs: Any) -> Any:
     with warnings.catch_warnings():
         # transformers warns that the passed config overrides the checkpoint's: it is meant to
         warnings.filterwarnings("ignore", message="You passed `quantization_config`")
-        return AutoModelForCausalLM.from_pretrained(
+        model = AutoModelForCausalLM.from_pretrained(
             path, quantization_config=CompressedTensorsConfig(**flag), **kwargs)
+    # compressed-tensors decompresses FP4 (NVFP4/MXFP4) weights into bfloat16 whatever dtype
+    # was asked for (nvfp4/helpers.py unpack_fp4_from_uint8), and the forward then fails on
+    # mixed dtypes: give those weights the model's dtype (their values are kept)
+    want = kwargs.get("dtype")
+    if want is not None and not isinstance(want, str):
+        for p in model.parameters():
+            if p.is_floating_point() and p.dtype != want:
+                p.data = p.data.to(want)
+    return model

@@ -45,6 +45,8 @@ class Args:
                    tuple(int(x) for x in block) if block else None)
 
     def where(self) -> str:
+        if self.strategy == "tensor_group":
+            return f"groups of {self.group_size} under a per-tensor global scale"
         if self.strategy == "group":
             return f"groups of {self.group_size} along the input dimension"
         return {"channel": "per output channel", "tensor": "per tensor", "token": "per token",
@@ -68,6 +70,11 @@ class Group:
         w, a = self.weights, self.activations
         if w is None:
             return "dense"
+        if w.type == "float" and w.num_bits == 4:  # NVFP4 (groups of 16) / MXFP4 (32)
+            fam = "nvfp4" if w.strategy == "tensor_group" else "mxfp4"
+            return fam if a is not None else f"{fam}-weight-only"
+        if w.type == "float" and w.num_bits == 8 and w.strategy == "block":
+            return "fp8-block"
         if w.type == "float" and w.num_bits == 8:
             return "fp8-weight-only" if a is None else "fp8-w8a8"
         if a is None:
@@ -82,7 +89,13 @@ class Group:
         w, a = self.weights, self.activations
         if w is None:
             return None
+        for s in SCHEMES.values():  # the microscaling and block formats, by their kernel
+            if (s.fixed_group or s.block) and s.kernel == self.kernel and \
+                    (s.fixed_group in (None, w.group_size)):
+                return s
         for s in SCHEMES.values():
+            if s.fixed_group or s.block:
+                continue
             act = "none" if a is None else (
                 f"{a.type}{a.num_bits}-{'dynamic' if a.dynamic else 'static'}"
                 .replace("float8", "fp8"))

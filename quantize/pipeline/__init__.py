@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.checks import preflight
+from quantize.checks.formats import GpuTarget
 from quantize.errors import QuantizeError
 from quantize.model.source import (
     DEFAULT_MODEL,
@@ -62,6 +63,17 @@ def _absolute(ref: str | None) -> str | None:
     return ref
 
 
+def target_gpu(name: str | None) -> GpuTarget | None:
+    """`--gpu NAME` from the GPU catalog (quantize/data/gpus.yaml) as pre-flight's target."""
+    if name is None:
+        return None
+    from quantize.planner.gpus import find
+
+    gpu = find(name)
+    major, minor = gpu.capability
+    return GpuTarget(gpu.name, major * 10 + minor)
+
+
 @dataclass
 class RunOptions:
     recipe: str
@@ -78,6 +90,7 @@ class RunOptions:
     # the memory placement, not an input: not part of the stage key
     gpus: int = 1
     no_disk_check: bool = False  # skip the disk pre-check (quantize.pipeline.disk)
+    gpu: str | None = None  # the GPU the export is for (--gpu): pre-flight's format warnings
 
 
 @dataclass
@@ -92,6 +105,7 @@ class Pipeline:
     facts: dict[str, Any] = field(init=False, default_factory=dict)
     keys: dict[str, str] = field(init=False, default_factory=dict)
     meta: Any = field(init=False, default=None)  # the meta-device model pre-flight built
+    target_gpu: GpuTarget | None = field(init=False, default=None)  # --gpu, resolved
     _fp: tuple[threading.Thread, dict[str, Any]] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -103,6 +117,7 @@ class Pipeline:
         check_architecture(self.model.config, trust_remote_code=self.recipe.trust_remote_code)
         self.run_dir = self.opts.out or default_run_dir(self.model, self.recipe)
         self.device = pick_device(self.opts.device)
+        self.target_gpu = target_gpu(self.opts.gpu)  # an unknown name fails now
         if self.opts.gpus != 1:  # before any calibration: can this recipe run data-parallel?
             from quantize.backends.distributed import check_support, visible_gpus
 
@@ -115,7 +130,7 @@ class Pipeline:
             # one meta-device model for pre-flight and the memory estimate (no weights read)
             self.meta = preflight.build_meta(self.recipe, self.model.config)
             self.facts = preflight.check(self.recipe, self.model.config, tp=self.opts.tp,
-                                         model=self.meta)
+                                         model=self.meta, gpu=self.target_gpu)
             if STAGES.index(self.opts.until) >= STAGES.index("eval"):
                 self.suite()  # a bad suite fails now, not after hours of quantization
             if not self.opts.no_disk_check:  # a full disk refused now, not after hours

@@ -130,7 +130,7 @@ def predict(model: str, gpu: Gpu, *, tp: int = 1, util: float = 0.9, context: in
     t_default, s_default = serve_defaults(gpu)
     if recipe is not None:
         group = resolve_group_size(recipe, targeted_layers(mdl, recipe.targets, recipe.ignore))
-        plan = recipe_layers(mdl, recipe, group)
+        plan = recipe_layers(mdl, recipe, group, shape.dtype_bytes)
     else:  # the checkpoint as published (or unquantized)
         qc = published_quant(source.config)
         plan = published_layers(mdl, qc)[0] if qc is not None else LayerPlan({}, None)

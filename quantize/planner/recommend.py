@@ -11,9 +11,20 @@ from quantize.planner.gpus import Gpu
 from quantize.planner.memory import Memory
 from quantize.spec.methods import METHODS
 from quantize.spec.recipe import Recipe
-from quantize.spec.schemes import KERNELS, SCHEMES, gpu_fallback, gpu_problem
+from quantize.spec.schemes import KERNELS, SCHEMES, gpu_fallback, gpu_problem, gpu_support_level
 
 MIN_ACCURACY = 0.9  # never recommend a recipe expected (or measured) below 90% recovery
+# At equal fit, a format that computes natively in low precision on the GPU (FP4/FP8/INT8
+# tensor cores: activations quantized too) is preferred over a more accurate one when it is
+# within this many points of recovery of it (1 point).
+NATIVE_BAND = 0.01
+
+# FP4 priors (documented ordering, not measurements): NVFP4's FP8 scales per 16 weights are
+# finer than INT4's 16-bit scales per 64-128 (NVIDIA reports <= 1% loss for NVFP4 W4A4 on
+# DeepSeek-R1; "Introducing NVFP4", NVIDIA technical blog, 2025); MXFP4's power-of-two scales
+# per 32 lose more, with FP4 activations most (Egiazarian et al., "Bridging the Gap Between
+# Promise and Performance for Microscaling FP4 Quantization", arXiv:2509.23202).
+FP4_PRIORS = {"NVFP4": 0.97, "NVFP4A16": 0.975, "MXFP4A16": 0.96, "MXFP4": 0.94}
 
 
 # Expected accuracy when no gate result exists: a documented ordering, not a measurement.
@@ -23,7 +34,9 @@ def prior_recovery(recipe: Recipe | None) -> float:
     if recipe is None:
         return 1.0
     info = SCHEMES[recipe.scheme]
-    if info.weight_bits >= 8:
+    if recipe.scheme in FP4_PRIORS:
+        base = FP4_PRIORS[recipe.scheme]
+    elif info.weight_bits >= 8:
         base = 0.995 if info.weight_type == "float" or info.activations == "none" else 0.99
     else:
         calibrated = METHODS[recipe.method].calibrated
@@ -49,6 +62,11 @@ def gpu_support(recipe: Recipe | None, gpu: Gpu, experts: bool) -> tuple[bool, s
     # left to a decision of its own rather than made in a refactor.
     if problem and cc < rule.gpu_min_cc:
         return False, problem
+    if family in ("nvfp4", "nvfp4-weight-only", "mxfp4", "mxfp4-weight-only"):
+        if gpu_support_level(family, cc, moe=experts) == "fallback":
+            return True, (f"not native on {gpu.name} (sm_{cc}; native from "
+                          f"sm_{rule.gpu_native_cc}): vLLM runs it through {rule.fallback}")
+        return True, ""
     if family.startswith("fp8"):
         if not gpu_fallback(family, cc):
             return True, ""
@@ -68,6 +86,18 @@ def gpu_support(recipe: Recipe | None, gpu: Gpu, experts: bool) -> tuple[bool, s
     if recipe.kv_cache == "fp8" and not gpu.fp8:
         note = "FP8 KV cache without FP8 hardware depends on the attention backend"
     return True, note
+
+
+def support_level(recipe: Recipe | None, gpu: Gpu, experts: bool) -> str:
+    """native | fallback | unsupported: how vLLM runs the recipe's format on this card (the
+    scheme table's rule; the baseline is native)."""
+    if recipe is None:
+        return "native"
+    ok, _ = gpu_support(recipe, gpu, experts)
+    if not ok:
+        return "unsupported"
+    major, minor = gpu.capability
+    return gpu_support_level(SCHEMES[recipe.scheme].kernel, major * 10 + minor, moe=experts)
 
 
 def tp_problem(shape: Shape, tp: int, fmt_group: int | None) -> str | None:
@@ -109,6 +139,8 @@ class Row:
     gate_verdict: str | None
     serve: str | None
     kv_bytes_per_token_by_dtype: dict[str, int] = field(default_factory=dict)
+    support: str = "native"  # native | fallback | unsupported on the chosen GPU
+    native_compute: bool = False  # native, and its activations are quantized too
 
     @property
     def fits(self) -> bool:
@@ -119,16 +151,29 @@ def recommendable(row: Row) -> bool:
     return row.gate_verdict != "fail" and row.accuracy >= MIN_ACCURACY
 
 
+def _native_first(rows: list[Row]) -> dict[int, bool]:
+    """Which rows a native low-precision format wins for at equal fit: native compute, within
+    NATIVE_BAND of the most accurate row of the same fit."""
+    best = max((r.accuracy for r in rows), default=0.0)
+    return {id(r): r.native_compute and r.accuracy >= best - NATIVE_BAND for r in rows}
+
+
 def recommend(rows: list[Row]) -> tuple[Row | None, str]:
     """The most accurate recipe that serves every sequence (ties: more room). When none does,
-    the one that serves the most sequences (ties: more accurate): "partial"."""
+    the one that serves the most sequences (ties: more accurate): "partial". At equal fit a
+    format the GPU computes natively in low precision (NVFP4 on Blackwell, FP8 from sm_89)
+    comes first when within NATIVE_BAND of the most accurate."""
     ok = [r for r in rows if r.status == "fits" and recommendable(r)]
     if ok:
-        return max(ok, key=lambda r: (r.accuracy, r.memory.max_concurrency if r.memory else 0)), \
-            "fits"
+        first = _native_first(ok)
+        return max(ok, key=lambda r: (first[id(r)], r.accuracy,
+                                      r.memory.max_concurrency if r.memory else 0)), "fits"
     part = [r for r in rows if r.status == "partial" and recommendable(r) and r.memory]
     if part:
-        return max(part, key=lambda r: (r.memory.max_sequences, r.accuracy,
-                                        r.memory.max_concurrency) if r.memory else (0, 0, 0)), \
+        most = max(r.memory.max_sequences for r in part if r.memory)
+        same = [r for r in part if r.memory and r.memory.max_sequences == most]
+        first = _native_first(same)
+        return max(same, key=lambda r: (first[id(r)], r.accuracy,
+                                        r.memory.max_concurrency if r.memory else 0)), \
             "partial"
     return None, "none"

@@ -17,6 +17,7 @@ from quantize.planner.recommend import (
     gpu_support,
     prior_recovery,
     recommendable,
+    support_level,
     tp_problem,
 )
 from quantize.planner.sources import ModelSource, RunInfo
@@ -104,7 +105,7 @@ class RowBuilder:
         except PreflightError:
             return None
         return estimate_weights(self.model, self.shape.dtype_bytes,
-                                recipe_layers(self.model, recipe, group))
+                                recipe_layers(self.model, recipe, group, self.shape.dtype_bytes))
 
     def kv_dtype(self, recipe: Recipe | None) -> tuple[str, int]:
         if self.req.kv_cache_dtype == "fp8" or (recipe is not None and recipe.kv_cache == "fp8"):
@@ -131,7 +132,7 @@ class RowBuilder:
         except PreflightError as exc:
             return self._na(recipe, label, f"recipe does not apply: {exc}")
         est = estimate_weights(self.model, self.shape.dtype_bytes,
-                               recipe_layers(self.model, recipe, group))
+                               recipe_layers(self.model, recipe, group, self.shape.dtype_bytes))
         run = next((r for r in self.runs if r.recipe == recipe.name), None)
         weights_source = "estimated from config.json"
         if run is not None and run.weights_bytes:
@@ -143,7 +144,8 @@ class RowBuilder:
 
     def _na(self, recipe: Recipe, label: str, reason: str) -> Row:
         return Row(recipe.name, label, "-", 0, "-", prior_recovery(recipe), "prior", "n/a",
-                   reason, None, None, None, "", None, None)
+                   reason, None, None, None, "", None, None,
+                   support=support_level(recipe, self.req.gpu, bool(self.shape.experts)))
 
     def _row(self, name: str, label: str, recipe: Recipe | None, est: WeightEstimate,
              weights_source: str, run: RunInfo | None, group: int | None) -> Row:
@@ -163,9 +165,12 @@ class RowBuilder:
         min_tp, min_seq = self._min_tp(est, kv_bytes, group) if supported else (None, None)
         by_dtype = {"auto": kv_bytes_per_token(shape, req.gpus, shape.dtype_bytes),
                     "fp8": kv_bytes_per_token(shape, req.gpus, 1)}
+        level = support_level(recipe, req.gpu, bool(shape.experts))
+        quantized_acts = recipe is not None and SCHEMES[recipe.scheme].activations != "none"
         row = Row(name, label, kv_name, est.total, weights_source, accuracy, acc_source, status,
                   reason, memory, min_tp, min_seq, gpu_note,
-                  run.gate_verdict if run else None, None, by_dtype)
+                  run.gate_verdict if run else None, None, by_dtype, level,
+                  level == "native" and quantized_acts)
         if status in ("fits", "partial"):
             row.serve = self._serve(recipe, run, kv_bytes)
         return row

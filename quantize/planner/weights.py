@@ -30,18 +30,22 @@ SIZED_METHODS = ("fp8", "compressed-tensors")  # published formats the planner c
 class WeightFormat:
     """How one Linear weight is stored (compressed-tensors formats, or fp8 block scales)."""
 
-    kind: str  # "pack" (int, packed into int32) | "int8" | "fp8" | "fp8-block"
+    kind: str  # "pack" (int, packed into int32) | "int8" | "fp8" | "fp8-block" | "fp4"
     bits: int
     group: int | None = None  # group size along the input dim; None = per channel/tensor
     symmetric: bool = True
     per_tensor: bool = False
     g_idx: bool = False  # actorder="group" stores a per-input-channel group index
     block: tuple[int, int] | None = None
+    scale_bytes: int | None = None  # bytes per group/block scale; None: the model dtype
+    global_scales: int = 0  # per-tensor scales beside them (NVFP4: weight [+ input] global)
 
     @property
     def label(self) -> str:
         if self.kind == "fp8-block":
             return f"fp8 block {self.block}"
+        if self.kind == "fp4":
+            return f"fp4 g{self.group}"
         g = f" g{self.group}" if self.group else ""
         return f"{self.kind} {self.bits}-bit{g}{'' if self.symmetric else ' asym'}"
 
@@ -49,6 +53,11 @@ class WeightFormat:
 def format_for(scheme: str, group: int | None, actorder: str | None = None) -> WeightFormat:
     """The on-disk format of a scheme-table entry at a resolved group size."""
     info = SCHEMES[scheme]
+    if info.block is not None:  # compressed-tensors writes the block scales in the model dtype
+        return WeightFormat("fp8-block", 8, block=info.block)
+    if info.fixed_group is not None:
+        return WeightFormat("fp4", info.weight_bits, info.fixed_group,
+                            scale_bytes=info.scale_bytes, global_scales=info.global_scales)
     if info.weight_type == "float":
         return WeightFormat("fp8", 8, per_tensor=info.per_tensor)
     if info.packed:  # weight-only int schemes are written pack-quantized (8-bit too)
@@ -60,9 +69,13 @@ def format_for(scheme: str, group: int | None, actorder: str | None = None) -> W
 def linear_bytes(out: int, inp: int, fmt: WeightFormat, dtype_bytes: int) -> int:
     """Bytes of one quantized Linear weight and its scale/zero-point tensors on disk (the
     same tensors vLLM keeps on the GPU, repacked but not resized)."""
-    if fmt.kind == "fp8-block":
+    if fmt.kind == "fp8-block":  # published (fp32 scale_inv) or ours (model dtype)
         bn, bk = fmt.block or (128, 128)
-        return out * inp + math.ceil(out / bn) * math.ceil(inp / bk) * 4  # fp32 scale_inv
+        return out * inp + math.ceil(out / bn) * math.ceil(inp / bk) * (fmt.scale_bytes or 4)
+    if fmt.kind == "fp4":  # two E2M1 codes per byte, one FP8/E8M0 scale per group
+        group = fmt.group or 16
+        scales = out * math.ceil(inp / group) * (fmt.scale_bytes or 1)
+        return out * math.ceil(inp / 2) + scales + fmt.global_scales * dtype_bytes
     if fmt.kind in ("fp8", "int8"):
         scales = 2 if fmt.per_tensor else out  # weight_scale (+ input_scale when static)
         zero = 0 if fmt.symmetric else out
@@ -159,20 +172,29 @@ def meta(config: dict[str, Any]) -> Any:
     return _meta(json.dumps(config, sort_keys=True))
 
 
-def recipe_layers(model: Any, recipe: Recipe, group: int | None) -> LayerPlan:
+def _sized(fmt: WeightFormat, dtype_bytes: int) -> WeightFormat:
+    """Our block-FP8 exports hold their block scales in the model dtype (llm-compressor casts
+    the model back to it before compressing); published ones hold fp32."""
+    if fmt.kind == "fp8-block" and fmt.scale_bytes is None:
+        return WeightFormat("fp8-block", 8, block=fmt.block, scale_bytes=dtype_bytes)
+    return fmt
+
+
+def recipe_layers(model: Any, recipe: Recipe, group: int | None,
+                  dtype_bytes: int = 2) -> LayerPlan:
     """The recipe's per-layer formats, matched exactly as compressed-tensors matches them."""
     from compressed_tensors.utils import is_match
 
     from quantize.checks.preflight import override_group_size, targeted_layers
 
     actorder = recipe.gptq.actorder if recipe.gptq else None
-    main = format_for(recipe.scheme, group, actorder)
+    main = _sized(format_for(recipe.scheme, group, actorder), dtype_bytes)
     formats = {lay.name: main for lay in targeted_layers(model, recipe.targets, recipe.ignore)}
     for ov in recipe.overrides:
         sub = targeted_layers(model, ov.targets, recipe.ignore)
         ov_group = override_group_size(ov, group)  # the rule pre-flight and the engine use
         for lay in sub:
-            formats[lay.name] = format_for(ov.scheme, ov_group, actorder)
+            formats[lay.name] = _sized(format_for(ov.scheme, ov_group, actorder), dtype_bytes)
     experts_fmt = None
     if "Linear" in recipe.targets:
         for name, module in model.named_modules():
@@ -214,6 +236,14 @@ def published_layers(model: Any, qc: QuantConfig) -> tuple[LayerPlan, str]:
         kind = "fp8" if w.type == "float" else "pack" if packing == "pack-quantized" else "int8"
         fmt = WeightFormat(kind, w.num_bits or 8, w.group_size, w.symmetric,
                            per_tensor=w.strategy == "tensor", g_idx=w.actorder == "group")
+        if w.type == "float" and w.num_bits == 4:  # NVFP4 (global scales) / MXFP4
+            nv = w.strategy == "tensor_group"
+            a = group.activations if group else None
+            fmt = WeightFormat("fp4", 4, w.group_size or (16 if nv else 32), scale_bytes=1,
+                               global_scales=(1 + (a is not None)) if nv else 0)
+        elif w.strategy == "block":
+            block = w.block_structure or (128, 128)
+            fmt = WeightFormat("fp8-block", 8, block=(int(block[0]), int(block[1])))
     targets = list(group.targets) if group else ["Linear"]
     formats = {lay.name: fmt for lay in targeted_layers(model, targets, list(qc.ignore))}
     experts = fmt if any(_is_experts(m) for m in model.modules()) else None

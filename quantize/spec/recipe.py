@@ -207,6 +207,12 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
         info = SCHEMES[self.scheme]
+        if self.group_size is not None and (info.fixed_group or info.block):
+            fixed = f"groups of {info.fixed_group}" if info.fixed_group else \
+                f"{info.block[0]}x{info.block[1]} blocks" if info.block else ""
+            raise ValueError(
+                f"scheme {self.scheme} fixes its own {fixed} (vLLM recognises no other), so "
+                "group_size does not apply; remove group_size")
         if self.group_size is not None and not info.group:
             raise ValueError(
                 f"scheme {self.scheme} quantizes per channel/tensor, so group_size does not "
@@ -242,6 +248,7 @@ class Recipe(Strict):
         """Whether the engine needs calibration data for this recipe at all."""
         info = SCHEMES[self.scheme]
         data_free = (self.method == "rtn" and info.activations != "fp8-static"
+                     and not info.needs_data
                      and self.kv_cache is None and self.smoothquant is None)
         return not data_free
 

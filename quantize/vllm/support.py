@@ -126,6 +126,8 @@ def _cpu_group(group: Group, label: str, host: Host) -> str | None:
         return None
     if rule is None or w is None:
         return f"format {label} has no vLLM CPU kernel"
+    if rule.cpu_none:  # the scheme table says vLLM's CPU build has no kernel at all
+        return rule.cpu_none
     if rule.cpu_bits and w.num_bits not in rule.cpu_bits:
         gpu_bits = rule.gpu_bits or ()
         where = "needs a GPU" if w.num_bits in gpu_bits else \
