@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantize.errors import VerifyError
+from quantize.model import moe
 from quantize.model.config import hf_config
 from quantize.model.qconfig import Args, Group, QuantConfig, read_quant_config
 
@@ -219,6 +220,7 @@ def build_reference(ckpt: Path, config: dict[str, Any]) -> tuple[Any, dict[str, 
     cfg = copy.deepcopy(hf_config(config))  # from_config may set attributes on it
     with no_init_weights():  # every weight is loaded below; random init would be wasted
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    moe.linearize(model)  # MoE: one Linear per expert projection, as the export stores them
     raw: dict[str, torch.Tensor] = {}
     for f in sorted(ckpt.glob("*.safetensors")):
         with safe_open(str(f), "pt") as fh:
