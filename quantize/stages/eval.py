@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import EvalError, first_line
+from quantize.metrics import expert_coverage, expert_coverage_lines
 from quantize.model.config import read_config, torch_dtype
 from quantize.model.decode import build_reference, load_dequantized
 from quantize.model.moe import transformers_load_problem
@@ -155,11 +156,19 @@ def markdown(result: dict[str, Any]) -> str:
         err = f" ± {r['candidate_stderr']:.3f}" if r.get("candidate_stderr") else ""
         lines.append(f"| {r['name']} | {r['n']} | {r['baseline']:.4g} | "
                      f"{r['candidate']:.4g}{err} | {r['recovery']:.2%} | {r['threshold']:.2%} |")
+    for r in result["metrics"]:
+        if r["name"] == "expert_coverage":  # MoE exports (quantize/metrics.py)
+            lines += ["", *expert_coverage_lines(r)]
     t = result["timing"]
     lines += ["", f"Eval time: baseline {t['baseline_s']} s "
               f"({'cached' if result['baseline']['cached'] else 'measured'}), "
               f"candidate {t['candidate_s']} s."]
     return "\n".join(lines) + "\n"
+
+
+def _moe_rows(export: Path) -> list[dict[str, Any]]:
+    row = expert_coverage(export)
+    return [row] if row is not None else []
 
 
 def _strip(results: dict[str, Any]) -> dict[str, Any]:
@@ -180,7 +189,7 @@ def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, de
         "baseline": {"path": str(base_path), "fingerprint": fingerprint, "cached": cached,
                      "results": _strip(base)},
         "candidate": {"path": str(candidate), "results": _strip(cand)},
-        "metrics": compare(suite, base, cand),
+        "metrics": compare(suite, base, cand) + _moe_rows(candidate),
         "timing": {"baseline_s": round(t1 - t0, 1), "candidate_s": round(t2 - t1, 1)},
     }
     atomic_write_json(out / "eval.json", result)

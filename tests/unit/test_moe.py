@@ -174,3 +174,63 @@ def test_scale_check_finds_nan_inf_and_all_zero(tmp_path: Path) -> None:
     assert got.nonfinite == ["model.layers.0.mlp.experts.1.up_proj.weight_scale",
                              "model.layers.0.mlp.experts.2.down_proj.weight_scale"]
     assert got.all_zero == ["model.layers.0.mlp.experts.3.gate_proj.weight_scale"]
+
+
+def _coverage(folder: Path, counts: list[int], *, all_experts: bool) -> None:
+    layer = moe.LayerCoverage.from_counts("model.layers.0.mlp", counts, 2)
+    cov = moe.ExpertCoverage(calibrated=True, all_experts_calibrated=all_experts, layers=[layer])
+    (folder / moe.COVERAGE_FILE).write_text(cov.model_dump_json())
+
+
+def test_gate_blocks_a_planted_nan_scale(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from quantize.metrics import expert_coverage
+    from quantize.stages import gate
+
+    export = _write_experts(tmp_path / "export", torch.full((8, 1), 0.01))
+    _coverage(export, [3, 1, 2, 2], all_experts=False)
+    row = expert_coverage(export)
+    assert row is not None and row["candidate"] == 1.0
+    assert gate.decide([row])["verdict"] == "pass"
+    t = load_file(str(export / "model.safetensors"))
+    t["model.layers.0.mlp.experts.3.down_proj.weight_scale"][5, 0] = float("nan")
+    save_file(t, str(export / "model.safetensors"))
+    row = expert_coverage(export)
+    assert row is not None and row["candidate"] == 0.0
+    assert row["details"]["problems"] == [
+        "model.layers.0.mlp.experts.3.down_proj.weight_scale: NaN/Inf scales"]
+    result = gate.decide([row])
+    assert (result["verdict"], result["failures"], result["releasable"]) == \
+        ("fail", ["expert_coverage"], False)
+    # the gate re-judges with the suite's rules: a row the suite does not define keeps its own
+    assert gate.with_rules({"metrics": [row]}, {})["metrics"][0]["on_fail"] == "block"
+
+
+def test_gate_blocks_an_expert_never_calibrated(tmp_path: Path) -> None:
+    from quantize.metrics import expert_coverage, expert_coverage_lines
+    from quantize.stages import gate
+
+    export = _write_experts(tmp_path / "export", torch.full((8, 1), 0.01))
+    _coverage(export, [4, 0, 2, 2], all_experts=False)  # expert 1: no token, no all-expert run
+    row = expert_coverage(export)
+    assert row is not None
+    assert gate.decide([row])["failures"] == ["expert_coverage"]
+    assert row["details"]["problems"] == [
+        "model.layers.0.mlp.experts.1: never calibrated (no routed token)"]
+    _coverage(export, [4, 0, 2, 2], all_experts=True)  # every expert saw every token
+    row = expert_coverage(export)
+    assert row is not None and gate.decide([row])["verdict"] == "pass"
+    text = " ".join(expert_coverage_lines(row))
+    assert "min 0, median 2, max 4" in text and "1 expert(s) got none" in text
+
+
+def test_dense_export_has_no_coverage_row(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from quantize.metrics import expert_coverage
+
+    (tmp_path / "d").mkdir()
+    save_file({"model.layers.0.mlp.up_proj.weight_scale": torch.ones(4, 1)},
+              str(tmp_path / "d" / "model.safetensors"))
+    assert expert_coverage(tmp_path / "d") is None
