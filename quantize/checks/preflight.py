@@ -36,11 +36,13 @@ def targeted_layers(model: Any, targets: list[str], ignore: list[str]) -> list[L
     """The Linear layers the engine will quantize, matched exactly as compressed-tensors does."""
     from compressed_tensors.utils import match_named_modules
 
+    from quantize.model.moe import fused_expert_projections
+
     return [
         Layer(name, m.in_features, m.out_features)
         for name, m in match_named_modules(model, targets, ignore)
         if hasattr(m, "in_features")
-    ]
+    ] + [Layer(*p) for p in fused_expert_projections(model, targets, ignore)]  # MoE experts
 
 
 def _divisors(layers: list[Layer]) -> list[int]:

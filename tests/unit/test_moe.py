@@ -234,3 +234,21 @@ def test_dense_export_has_no_coverage_row(tmp_path: Path) -> None:
     save_file({"model.layers.0.mlp.up_proj.weight_scale": torch.ones(4, 1)},
               str(tmp_path / "d" / "model.safetensors"))
     assert expert_coverage(tmp_path / "d") is None
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_group_size_auto_counts_the_fused_experts(arch: str) -> None:
+    """Expert projections take the expert intermediate size (64 here) as input: `auto` must
+    pick 64, not the 128 the attention and dense layers allow (llm-compressor failed with
+    "unflatten: Provided sizes [-1, 128] don't multiply up to the size of dim 1 (64)")."""
+    from quantize.checks.preflight import resolve_group_size, targeted_layers
+    from quantize.spec.recipe import load_recipe
+
+    model = tiny(arch)
+    layers = targeted_layers(model, ["Linear"], ["lm_head", *ROUTERS[arch]])
+    experts = {lay.name.split(".")[-1]: lay for lay in layers if ".experts.0." in lay.name}
+    assert set(experts) == {"gate_proj", "up_proj", "down_proj"}
+    inter = 128 if arch == "mixtral" else 64  # Mixtral's experts take intermediate_size
+    assert experts["down_proj"].in_features == inter
+    assert (experts["gate_proj"].in_features, experts["gate_proj"].out_features) == (128, inter)
+    assert resolve_group_size(load_recipe("w8a16-int8"), layers) == inter
