@@ -146,9 +146,40 @@ def check(recipe: Recipe, config: dict[str, Any], tp: int = 1, *,
     schemes = layer_schemes(model, recipe, group_size)
     check_fused_schemes(schemes)
     warnings = check_tensor_parallel(config, model, schemes, tp)
+    if moe_note := moe_kernel_warning(recipe, config, model):
+        warnings.append(moe_note)
     for w in warnings:
         info(f"[dim]note: {w}[/dim]")
     return {"group_size": group_size, "layers": len(layers), "tp": tp, "warnings": warnings}
+
+
+def moe_kernel_warning(recipe: Recipe, config: dict[str, Any], model: Any,
+                       gpu: bool | None = None) -> str | None:
+    """Before calibration: the target has no vLLM fused-MoE kernel for the recipe's scheme
+    (the rule: quantize.spec.schemes.moe_cpu_problem). The target is a GPU when `gpu` says so
+    or torch sees one (every family has a GPU MoE kernel), else this host's CPU, judged by its
+    ISA flags (a vLLM probe is not needed for the AMX test)."""
+    from quantize.model.moe import is_moe, routing_kind, silu_experts
+    from quantize.spec.schemes import moe_cpu_problem
+    from quantize.vllm.host import cpu_flags
+
+    if not is_moe(model):
+        return None
+    if gpu is None:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    if gpu:
+        return None
+    s = SCHEMES[recipe.scheme]
+    strategy = "group" if s.group else "tensor" if s.per_tensor else "channel"
+    why = moe_cpu_problem(s.kernel, s.weight_bits, s.symmetric, strategy, routing_kind(config),
+                          silu_experts(config), {"amx_tile": "amx_tile" in cpu_flags()}, {})
+    if why is None:
+        return None
+    return (f"this host's vLLM (CPU) has no kernel for the MoE experts of {recipe.scheme}: "
+            f"{why}; `quantize verify` will check the export through the exact decode "
+            "instead; serve it on a GPU")
 
 
 def check_engine(recipe: Recipe, config: dict[str, Any]) -> None:

@@ -282,9 +282,12 @@ def weight_similarity(decoded: dict[str, torch.Tensor], src: Path) -> tuple[floa
         with safe_open(str(f), "pt") as fh:
             keys = set(fh.keys())
             for name, w in decoded.items():
-                if name + ".weight" not in keys:
-                    continue
-                d = fh.get_tensor(name + ".weight").float()
+                if name + ".weight" in keys:
+                    d = fh.get_tensor(name + ".weight").float()
+                else:  # an MoE expert: cut from the source's fused expert tensors
+                    d = moe.fused_source_weight(fh.get_tensor, keys, name, tuple(w.shape))
+                    if d is None:
+                        continue
                 c = _column_cosine(w, d) if d.shape == w.shape else 0.0
                 if not c >= worst[0]:
                     worst = (c, name)

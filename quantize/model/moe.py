@@ -120,6 +120,34 @@ def fused_expert_projections(model: Any, targets: list[str], ignore: list[str]
     return out
 
 
+_EXPERT_LAYER = re.compile(r"^(?P<base>.+\.experts)\.(?P<e>\d+)\."
+                           r"(?P<proj>gate_proj|up_proj|down_proj)$")
+
+
+def fused_source_weight(get: Any, keys: set[str], name: str, shape: tuple[int, ...]
+                        ) -> torch.Tensor | None:
+    """A source model's weight for one exported expert layer `name` (`...experts.<i>.<proj>`),
+    cut from transformers 5's fused tensors: `gate_up_proj` [E, 2I, H] holds gate then up
+    (Qwen3-MoE, Mixtral, DeepSeek), or [E, H, 2I] transposed with gate and up interleaved
+    (gpt-oss); `down_proj` [E, H, I] or [E, I, H]. `get(key)` reads a tensor; `shape` is the
+    exported layer's [out, in]. None when the source holds no such tensor."""
+    m = _EXPERT_LAYER.match(name)
+    if m is None:
+        return None
+    fused = m["base"] + (".down_proj" if m["proj"] == "down_proj" else ".gate_up_proj")
+    if fused not in keys:
+        return None
+    t = get(fused)[int(m["e"])].float()
+    out_f, in_f = shape
+    transposed = t.shape[0] == in_f and t.shape[1] != in_f
+    if transposed:
+        t = t.transpose(0, 1)
+    if m["proj"] != "down_proj":
+        half = {"gate_proj": 0, "up_proj": 1}[m["proj"]]
+        t = t[half::2] if transposed else t[half * out_f:(half + 1) * out_f]
+    return t if tuple(t.shape) == tuple(shape) else None
+
+
 def config_is_moe(config: dict[str, Any]) -> bool:
     """Whether config.json describes a mixture-of-experts model (quantize.model.config)."""
     from quantize.model.config import model_shape
@@ -128,6 +156,24 @@ def config_is_moe(config: dict[str, Any]) -> bool:
         return model_shape(config).experts > 0
     except Exception:  # a config model_shape cannot read is not one this check can judge
         return False
+
+
+def routing_kind(config: dict[str, Any]) -> str:
+    """How the model picks experts, in vLLM's terms: `grouped-topk` (DeepSeek-V2/V3: sigmoid
+    scores, expert groups, a correction bias; RoutingMethodType.DeepSeekV3) or `softmax-topk`
+    (Mixtral, Qwen-MoE, gpt-oss: Default/Renormalize)."""
+    cfg = config.get("text_config") or config
+    if cfg.get("model_type", "").startswith("deepseek") or cfg.get("topk_method") in (
+            "group_limited_greedy", "noaux_tc") or int(cfg.get("n_group") or 1) > 1:
+        return "grouped-topk"
+    return "softmax-topk"
+
+
+def silu_experts(config: dict[str, Any]) -> bool:
+    """Whether the experts compute SiLU(gate) * up (gpt-oss clamps and biases its SwiGLU:
+    vLLM's MoEActivation.SWIGLUOAI)."""
+    cfg = config.get("text_config") or config
+    return cfg.get("model_type") != "gpt_oss" and cfg.get("hidden_act", "silu") == "silu"
 
 
 def transformers_load_problem(config: dict[str, Any]) -> str | None:
@@ -166,6 +212,48 @@ def linearize(model: Any) -> Any:
     finally:
         logger.enable("llmcompressor")
     return model
+
+
+def load_linearized(ckpt: Path, config: dict[str, Any]) -> Any:
+    """A compressed-tensors MoE export loaded as transformers would load it, minus the
+    re-fusing that drops asymmetric zero points (`transformers_load_problem`): the model built
+    from config with one Linear per expert projection, compressed-tensors' quantization config
+    applied, the stored tensors loaded as they are, then compressed-tensors' own
+    `decompress_model` (the same steps transformers' CompressedTensorsHfQuantizer takes for a
+    dense model). fp32, on the CPU; activation quantization stays compressed-tensors'."""
+    import copy
+
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    from quantize.model.config import hf_config
+
+    qc = QuantizationConfig.model_validate(config["quantization_config"])
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(hf_config(config)),
+                                                 dtype=torch.float32).eval()
+    linearize(model)
+    apply_quantization_config(model, qc)
+    compressor = ModelCompressor(quantization_config=qc)
+    compressor.compress_model(model)  # the compressed parameters, shaped as stored
+    state: dict[str, Any] = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            state.update({k: fh.get_tensor(k) for k in fh.keys()})  # noqa: SIM118
+    missing, _ = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (m == "lm_head.weight" and
+                                          getattr(model.config, "tie_word_embeddings", False))]
+    if missing:
+        raise QuantizeError(f"{ckpt}: no stored tensor for {missing[:3]}; the export is "
+                            "incomplete - re-run it")
+    compressor.decompress_model(model)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()
+    return model.eval()
 
 
 # --- coverage, typed ------------------------------------------------------------------------

@@ -14,8 +14,8 @@ from typing import Any
 from quantize.errors import EvalError, first_line
 from quantize.metrics import expert_coverage, expert_coverage_lines
 from quantize.model.config import read_config, torch_dtype
-from quantize.model.decode import build_reference, load_dequantized
-from quantize.model.moe import transformers_load_problem
+from quantize.model.decode import load_dequantized
+from quantize.model.moe import load_linearized, transformers_load_problem
 from quantize.model.qconfig import NATIVE_METHODS, quant_method
 from quantize.progress import info, step
 from quantize.run.files import atomic_write_json, atomic_write_text, pause_point
@@ -47,7 +47,7 @@ def load_model(path: Path, device: str) -> tuple[Any, Any]:
         if method in NATIVE_METHODS:
             model = dense_native(path, config, device)
         elif method == "compressed-tensors" and transformers_load_problem(config):
-            model = build_reference(path, config)[0].to(device)  # the exact decode (MoE)
+            model = load_linearized(path, config).to(device)  # MoE: quantize/model/moe.py
         elif method == "compressed-tensors":
             model = load_dequantized(path, dtype=dtype, device_map=device)
         else:
