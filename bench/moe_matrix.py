@@ -48,6 +48,18 @@ def planned_bytes(model_dir: Path, recipe_name: str, export: Path) -> int | None
     return est.total
 
 
+def tensor_bytes(export: Path) -> int:
+    """The bytes of every stored tensor (the files less their safetensors headers)."""
+    import struct
+
+    total = 0
+    for f in export.glob("*.safetensors"):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+        total += f.stat().st_size - 8 - n
+    return total
+
+
 def cli(args: list[str], log: Path) -> tuple[int, float]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
@@ -92,7 +104,8 @@ def main() -> None:
                 export = run / "export"
                 if (export / "config.json").is_file():
                     size = sum(p.stat().st_size for p in export.glob("*.safetensors"))
-                    row["export_bytes"] = size
+                    row["export_bytes"] = size  # files, with their JSON headers
+                    row["tensor_bytes"] = tensor_bytes(export)  # what the planner estimates
                     try:
                         row["plan_bytes"] = planned_bytes(model, recipe, export)
                     except Exception as exc:  # the table says why

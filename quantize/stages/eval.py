@@ -194,5 +194,9 @@ def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, de
     }
     atomic_write_json(out / "eval.json", result)
     atomic_write_text(out / "eval.md", markdown(result))
+    moe = {r["name"]: {k: r["details"][k] for k in ("coverage", "problems",
+                                                    "experts_checked", "all_zero_scales")}
+           for r in result["metrics"] if r["name"] == "expert_coverage"}  # the manifest's copy
     return {"metrics": {r["name"]: {"baseline": r["baseline"], "candidate": r["candidate"],
-                                    "recovery": r["recovery"]} for r in result["metrics"]}}
+                                    "recovery": r["recovery"]} for r in result["metrics"]},
+            **moe}
