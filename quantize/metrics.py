@@ -205,3 +205,54 @@ def multiple_choice(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: in
         "seconds": round(time.perf_counter() - t0, 2),
         "settings": {"task": spec.task, "num_fewshot": spec.num_fewshot, "limit": spec.limit},
     }
+
+
+# --- MoE expert coverage (a structural gate row, not a paired measurement) ------------------
+def expert_coverage(export: Path) -> dict[str, Any] | None:
+    """The `expert_coverage` row of an MoE export (None for a dense one): 1.0 when every
+    expert's exported scales are finite and every expert saw calibration data, else 0.0;
+    blocking (an expert with NaN/Inf scales or never calibrated is a broken release). The
+    gate judges it like any row (recovery = candidate/baseline >= threshold 1.0). All-zero
+    scales and experts the router never picked are reported, not blocking: with
+    llm-compressor's all-expert calibration every expert saw every token regardless."""
+    from quantize.model.moe import check_expert_scales, read_coverage
+
+    t0 = time.perf_counter()
+    cov = read_coverage(export)
+    scales = check_expert_scales(export)
+    if cov is None and scales.experts == 0:
+        return None
+    problems = [f"{n}: NaN/Inf scales" for n in scales.nonfinite]
+    if cov is not None:
+        problems += [f"{e}: never calibrated (no routed token)" for e in cov.never_calibrated]
+    value = 0.0 if problems else 1.0
+    details: dict[str, Any] = {
+        "experts_checked": scales.experts, "scale_tensors": scales.tensors,
+        "nonfinite_scales": scales.nonfinite, "all_zero_scales": scales.all_zero,
+        "coverage": cov.summary() if cov is not None else None,
+        "layers": [lay.model_dump(exclude={"counts"}) for lay in cov.layers] if cov else [],
+        "problems": problems}
+    return {"name": "expert_coverage", "kind": "expert_coverage",
+            "direction": "higher_is_better", "baseline": 1.0, "candidate": value,
+            "baseline_stderr": None, "candidate_stderr": None, "diff_se": None,
+            "recovery": value, "threshold": 1.0, "on_fail": "block",
+            "n": scales.experts, "seconds": round(time.perf_counter() - t0, 2),
+            "settings": {}, "details": details}
+
+
+def expert_coverage_lines(row: dict[str, Any]) -> list[str]:
+    """The eval report's and the card's words for the row."""
+    d = row["details"]
+    cov = d.get("coverage")
+    lines = [f"Expert coverage: {d['experts_checked']} experts' scales checked, "
+             f"{len(d['nonfinite_scales'])} with NaN/Inf, {len(d['all_zero_scales'])} "
+             "all zero."]
+    if cov:
+        how = "every expert calibrated on every token" if cov["all_experts_calibrated"] \
+            else "experts calibrated on their routed tokens only" if cov["calibrated"] \
+            else "data-free recipe"
+        lines.append(f"Routed tokens per expert over {cov['layers']} MoE layers: min "
+                     f"{cov['min']}, median {cov['median']:g}, max {cov['max']}; "
+                     f"{cov['unrouted']} expert(s) got none ({how}).")
+    lines += [f"- {p}" for p in d["problems"]]
+    return lines

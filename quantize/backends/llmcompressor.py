@@ -99,7 +99,7 @@ class LLMCompressorBackend:
         _quiet_engine()
         from transformers import AutoTokenizer
 
-        from quantize.backends import _llmc_compat
+        from quantize.backends import _llmc_compat, moe_coverage
 
         _llmc_compat.apply()
         src_dtype, dtype = dtypes(job)
@@ -107,7 +107,9 @@ class LLMCompressorBackend:
         _drop_offload(job)  # what a killed run left behind
         try:
             model = load_model(job, dtype)
-            calibrate(model, tokenizer, job, job.samples, out.parent / "logs")
+            # MoE: routers stay dense, tokens per expert counted (quantize/backends/moe_coverage.py)
+            with moe_coverage.calibration(model, job, out) as job:
+                calibrate(model, tokenizer, job, job.samples, out.parent / "logs")
             save(model, tokenizer, out, dtype, src_dtype, write=True,
                  disk=job.host_tier == "disk")
         finally:

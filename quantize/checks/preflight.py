@@ -37,11 +37,13 @@ def targeted_layers(model: Any, targets: list[str], ignore: list[str]) -> list[L
     """The Linear layers the engine will quantize, matched exactly as compressed-tensors does."""
     from compressed_tensors.utils import match_named_modules
 
+    from quantize.model.moe import fused_expert_projections
+
     return [
         Layer(name, m.in_features, m.out_features)
         for name, m in match_named_modules(model, targets, ignore)
         if hasattr(m, "in_features")
-    ]
+    ] + [Layer(*p) for p in fused_expert_projections(model, targets, ignore)]  # MoE experts
 
 
 def _divisors(layers: list[Layer]) -> list[int]:
@@ -151,6 +153,8 @@ def check(recipe: Recipe, config: dict[str, Any], tp: int = 1, *,
     if gpu is not None:
         experts = any(type(m).__name__.endswith("Experts") for m in model.modules())
         warnings += gpu_notes(schemes, gpu, experts)
+    if moe_note := moe_kernel_warning(recipe, config, model, True if gpu is not None else None):
+        warnings.append(moe_note)
     for w in warnings:
         info(f"[dim]note: {w}[/dim]")
     facts: dict[str, Any] = {"group_size": group_size, "layers": len(layers), "tp": tp,
@@ -158,6 +162,36 @@ def check(recipe: Recipe, config: dict[str, Any], tp: int = 1, *,
     if gpu is not None:
         facts["gpu"] = {"name": gpu.name, "compute_capability": gpu.cc}
     return facts
+
+
+def moe_kernel_warning(recipe: Recipe, config: dict[str, Any], model: Any,
+                       gpu: bool | None = None) -> str | None:
+    """Before calibration: the target has no vLLM fused-MoE kernel for the recipe's scheme
+    (the rule: quantize.spec.schemes.moe_cpu_problem). The target is a GPU when `gpu` says so
+    or torch sees one (every family has a GPU MoE kernel), else this host's CPU, judged by its
+    ISA flags (a vLLM probe is not needed for the AMX test)."""
+    from quantize.model.moe import is_moe, routing_kind, silu_experts
+    from quantize.spec.schemes import moe_cpu_problem
+    from quantize.vllm.host import cpu_flags
+
+    if not is_moe(model):
+        return None
+    if gpu is None:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    if gpu:
+        return None
+    s = SCHEMES[recipe.scheme]
+    strategy = "block" if getattr(s, "block", None) else "group" if s.group else \
+        "tensor" if s.per_tensor else "channel"
+    why = moe_cpu_problem(s.kernel, s.weight_bits, s.symmetric, strategy, routing_kind(config),
+                          silu_experts(config), {"amx_tile": "amx_tile" in cpu_flags()}, {})
+    if why is None:
+        return None
+    return (f"this host's vLLM (CPU) has no kernel for the MoE experts of {recipe.scheme}: "
+            f"{why}; `quantize verify` will check the export through the exact decode "
+            "instead; serve it on a GPU")
 
 
 def check_engine(recipe: Recipe, config: dict[str, Any]) -> None:

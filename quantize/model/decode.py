@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantize.errors import VerifyError
+from quantize.model import moe
 from quantize.model.config import hf_config
 from quantize.model.qconfig import Args, Group, QuantConfig, read_quant_config
 
@@ -317,6 +318,7 @@ def build_reference(ckpt: Path, config: dict[str, Any]) -> tuple[Any, dict[str, 
     cfg = copy.deepcopy(hf_config(config))  # from_config may set attributes on it
     with no_init_weights():  # every weight is loaded below; random init would be wasted
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    moe.linearize(model)  # MoE: one Linear per expert projection, as the export stores them
     raw: dict[str, torch.Tensor] = {}
     for f in sorted(ckpt.glob("*.safetensors")):
         with safe_open(str(f), "pt") as fh:
@@ -379,9 +381,12 @@ def weight_similarity(decoded: dict[str, torch.Tensor], src: Path) -> tuple[floa
         with safe_open(str(f), "pt") as fh:
             keys = set(fh.keys())
             for name, w in decoded.items():
-                if name + ".weight" not in keys:
-                    continue
-                d = fh.get_tensor(name + ".weight").float()
+                if name + ".weight" in keys:
+                    d = fh.get_tensor(name + ".weight").float()
+                else:  # an MoE expert: cut from the source's fused expert tensors
+                    d = moe.fused_source_weight(fh.get_tensor, keys, name, tuple(w.shape))
+                    if d is None:
+                        continue
                 c = _column_cosine(w, d) if d.shape == w.shape else 0.0
                 if not c >= worst[0]:
                     worst = (c, name)

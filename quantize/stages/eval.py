@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import EvalError, first_line
+from quantize.metrics import expert_coverage, expert_coverage_lines
 from quantize.model.config import read_config, torch_dtype
 from quantize.model.decode import load_dequantized
+from quantize.model.moe import load_linearized, transformers_load_problem
 from quantize.model.qconfig import NATIVE_METHODS, quant_method
 from quantize.progress import info, step
 from quantize.run.files import atomic_write_json, atomic_write_text, pause_point
@@ -45,6 +47,8 @@ def load_model(path: Path, device: str) -> tuple[Any, Any]:
     try:
         if method in NATIVE_METHODS:
             model = dense_native(path, config, device)
+        elif method == "compressed-tensors" and transformers_load_problem(config):
+            model = load_linearized(path, config).to(device)  # MoE: quantize/model/moe.py
         elif method == "compressed-tensors":
             model = load_dequantized(path, dtype=dtype, device_map=device)
         else:
@@ -155,11 +159,19 @@ def markdown(result: dict[str, Any]) -> str:
         err = f" ± {r['candidate_stderr']:.3f}" if r.get("candidate_stderr") else ""
         lines.append(f"| {r['name']} | {r['n']} | {r['baseline']:.4g} | "
                      f"{r['candidate']:.4g}{err} | {r['recovery']:.2%} | {r['threshold']:.2%} |")
+    for r in result["metrics"]:
+        if r["name"] == "expert_coverage":  # MoE exports (quantize/metrics.py)
+            lines += ["", *expert_coverage_lines(r)]
     t = result["timing"]
     lines += ["", f"Eval time: baseline {t['baseline_s']} s "
               f"({'cached' if result['baseline']['cached'] else 'measured'}), "
               f"candidate {t['candidate_s']} s."]
     return "\n".join(lines) + "\n"
+
+
+def _moe_rows(export: Path) -> list[dict[str, Any]]:
+    row = expert_coverage(export)
+    return [row] if row is not None else []
 
 
 def _strip(results: dict[str, Any]) -> dict[str, Any]:
@@ -180,10 +192,14 @@ def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, de
         "baseline": {"path": str(base_path), "fingerprint": fingerprint, "cached": cached,
                      "results": _strip(base)},
         "candidate": {"path": str(candidate), "results": _strip(cand)},
-        "metrics": compare(suite, base, cand),
+        "metrics": compare(suite, base, cand) + _moe_rows(candidate),
         "timing": {"baseline_s": round(t1 - t0, 1), "candidate_s": round(t2 - t1, 1)},
     }
     atomic_write_json(out / "eval.json", result)
     atomic_write_text(out / "eval.md", markdown(result))
+    moe = {r["name"]: {k: r["details"][k] for k in ("coverage", "problems",
+                                                    "experts_checked", "all_zero_scales")}
+           for r in result["metrics"] if r["name"] == "expert_coverage"}  # the manifest's copy
     return {"metrics": {r["name"]: {"baseline": r["baseline"], "candidate": r["candidate"],
-                                    "recovery": r["recovery"]} for r in result["metrics"]}}
+                                    "recovery": r["recovery"]} for r in result["metrics"]},
+            **moe}

@@ -132,6 +132,8 @@ class MetricRow:
 
     @property
     def unit(self) -> str:
+        if self.row.get("kind") == "expert_coverage":  # MoE: 1.0 = every expert sound
+            return "MoE experts"
         return "accuracy" if self.accuracy else "perplexity"
 
     @property
@@ -160,6 +162,10 @@ class MetricRow:
 
     @property
     def note(self) -> str:
+        if self.row.get("kind") == "expert_coverage" and self.row.get("details"):
+            from quantize.metrics import expert_coverage_lines  # the eval report's words
+
+            return " ".join(expert_coverage_lines(self.row))
         return str(self.row.get("note") or "")
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from quantize.errors import VerifyError, first_line
 from quantize.model.config import read_config
 from quantize.model.decode import load_dequantized
+from quantize.model.moe import config_is_moe, load_linearized
 from quantize.model.qconfig import read_quant_config
 
 if TYPE_CHECKING:
@@ -50,8 +51,14 @@ def load_hf(ckpt: Path) -> Any:
         contextlib.nullcontext()
     try:
         with loading:
-            model = load_dequantized(ckpt, **kwargs) if quant and not quant.native else \
-                AutoModelForCausalLM.from_pretrained(ckpt, **kwargs)
+            config = read_config(ckpt, error=VerifyError)
+            if quant and not quant.native and config_is_moe(config):
+                # one Linear per expert, as stored and as our decode builds it; transformers
+                # re-fuses them (and drops asymmetric zero points): quantize/model/moe.py
+                model = load_linearized(ckpt, config)
+            else:
+                model = load_dequantized(ckpt, **kwargs) if quant and not quant.native else \
+                    AutoModelForCausalLM.from_pretrained(ckpt, **kwargs)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:  # incl. NotImplementedError
         first = first_line(exc)
         raise VerifyError(f"transformers cannot load {ckpt}: {type(exc).__name__}: {first}") \

@@ -26,6 +26,7 @@ from quantize.stages.verify.target import NAME, checkpoint_config, resolve_targe
 from quantize.stages.verify.vllm_run import verify_vllm
 from quantize.vllm import host as vhost
 from quantize.vllm import support
+from quantize.vllm.moe_support import moe_problem
 
 LEVELS = ("auto", "vllm", "decode")
 
@@ -70,6 +71,9 @@ def run(checkpoint: Path, out: Path, opts: Options, host: vhost.Host | None = No
         ok = support.Support(False, f"not verifiable on this host: --tp {tp} on the CPU "
                              "backend needs a core set per rank; use a GPU host or --level "
                              "vllm to try anyway")
+    moe_limit = moe_problem(fmt, config, host) if ok.ok else None
+    if moe_limit:  # a limit of this host, not of the checkpoint: the exact decode decides
+        ok = support.Support(False, f"not verifiable in vLLM on this host ({moe_limit})")
     if opts.level == "vllm" and (host.vllm_python is None or host.problem):
         raise VerifyError(f"--level vllm: {host.problem}")
     summary: dict[str, Any] = {
@@ -93,6 +97,8 @@ def run(checkpoint: Path, out: Path, opts: Options, host: vhost.Host | None = No
     else:
         summary["level"] = "decode"
         summary["why_not_vllm"] = ok.reason
+        if moe_limit:
+            summary["host_limit"] = moe_limit
         summary.update(verify_decode(checkpoint, config, opts.tolerance))
     summary["passed"] = summary["verdict"] == "pass"  # what publish and the model card read
     summary["result"] = one_line(summary)

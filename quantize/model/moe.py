@@ -1,0 +1,355 @@
+"""Mixture-of-experts facts, read from the model itself: which modules route tokens (the
+routers/gates vLLM needs dense), the ignore list that keeps them unquantized, expert coverage
+as a typed record, and the check of every exported expert's scales.
+
+Layouts handled (transformers 5.17): Qwen3-MoE and Mixtral (`mlp.gate`, a TopKRouter holding
+an [experts, hidden] weight), DeepSeek-V2/V3 (`mlp.gate` with a score-correction bias, shared
+experts in `mlp.shared_experts`, the first layers dense), gpt-oss (`mlp.router` with a bias),
+Qwen2-MoE style shared-expert gates (`mlp.shared_expert_gate`, an nn.Linear to 1 output), and
+older remote-code models whose router is a plain `nn.Linear` named `gate`. Expert projections
+(`gate_proj`, `gate_up_proj`) are not routers: only the last name component decides.
+
+Exported experts (llm-compressor unfuses transformers' 3-D expert tensors) are named
+`...experts.<index>.<proj>`; their scales are `weight_scale` (compressed-tensors) or `scales`
+(native GPTQ/AWQ).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from quantize.errors import QuantizeError
+
+if TYPE_CHECKING:
+    import torch
+
+# the last component of a module name that routes tokens to experts, or gates a shared expert
+ROUTER_NAMES = ("gate", "router", "shared_expert_gate")
+COVERAGE_FILE = "moe_coverage.json"
+_EXPERT_SCALE = re.compile(r"^(?P<layer>.+)\.experts\.(?P<expert>\d+)\.(?P<proj>[^.]+)\."
+                           r"(?P<kind>weight_scale|scales)$")
+
+
+def _has_experts(parent: Any) -> bool:
+    return any(n == "experts" for n, _ in parent.named_children())
+
+
+def router_modules(model: Any) -> dict[str, Any]:
+    """Every module that routes tokens to experts or gates a shared expert, by name: its last
+    name component is a router name, its parent holds `experts` (or it gates a shared expert),
+    and it has a 2-D weight. Works on a meta-device model."""
+    modules = dict(model.named_modules())
+    out: dict[str, Any] = {}
+    for name, mod in modules.items():
+        parent_name, _, last = name.rpartition(".")
+        if last not in ROUTER_NAMES:
+            continue
+        weight = getattr(mod, "weight", None)
+        if weight is None or getattr(weight, "ndim", 0) != 2:
+            continue
+        if last == "shared_expert_gate" or _has_experts(modules.get(parent_name, model)):
+            out[name] = mod
+    return out
+
+
+def routing_modules(model: Any) -> dict[str, Any]:
+    """The routers proper (not shared-expert gates): the modules whose output picks experts."""
+    return {n: m for n, m in router_modules(model).items()
+            if not n.endswith("shared_expert_gate")}
+
+
+def is_moe(model: Any) -> bool:
+    return bool(routing_modules(model))
+
+
+def derived_ignore(model: Any) -> list[str]:
+    """The module names a recipe must leave unquantized on this model: every router and
+    shared-expert gate (vLLM loads them as dense ReplicatedLinear/GateLinear layers)."""
+    return sorted(router_modules(model))
+
+
+def quantized_routers(model: Any, targets: list[str], ignore: list[str]) -> list[str]:
+    """Routers/gates that `targets` minus `ignore` would quantize, matched exactly as
+    compressed-tensors matches them."""
+    from compressed_tensors.utils import is_match
+
+    return [n for n, m in router_modules(model).items()
+            if any(is_match(n, m, t) for t in targets) and not is_match(n, m, ignore)]
+
+
+def check_routers_dense(model: Any, targets: list[str], ignore: list[str],
+                        error: type[QuantizeError] = QuantizeError) -> None:
+    """Refuse, before calibration, a recipe whose targets would quantize a router."""
+    bad = quantized_routers(model, targets, ignore)
+    if bad:
+        raise error(f"the recipe would quantize {len(bad)} MoE router/gate layer(s) (e.g. "
+                    f"{bad[0]}), which vLLM needs dense; add them to `ignore:` (e.g. "
+                    "'re:.*mlp\\.gate$') or narrow `targets:`")
+
+
+def fused_expert_projections(model: Any, targets: list[str], ignore: list[str]
+                             ) -> list[tuple[str, int, int]]:
+    """(name, in_features, out_features) of the per-expert Linear layers the engine will make
+    of transformers 5's fused 3-D expert tensors and quantize (llm-compressor unfuses them when
+    `Linear` is targeted), one per experts module and projection, named as expert 0's. Layouts:
+    [E, out, in], or [E, in, out] where the module says `is_transposed` (gpt-oss); a
+    concatenated `gate_up_proj` holds gate and up halves along out."""
+    from compressed_tensors.utils import is_match
+
+    if "Linear" not in targets:
+        return []
+    out: list[tuple[str, int, int]] = []
+    for name, mod in model.named_modules():
+        if not type(mod).__name__.endswith("Experts") or is_match(name, mod, ignore):
+            continue
+        for pname, p in mod.named_parameters(recurse=False):
+            if p.ndim != 3:
+                continue
+            _, a, b = (int(x) for x in p.shape)
+            out_f, in_f = (b, a) if getattr(mod, "is_transposed", False) else (a, b)
+            if pname == "gate_up_proj":
+                out += [(f"{name}.0.{proj}", in_f, out_f // 2) for proj in ("gate_proj",
+                                                                            "up_proj")]
+            else:
+                out.append((f"{name}.0.{pname}", in_f, out_f))
+    return out
+
+
+_EXPERT_LAYER = re.compile(r"^(?P<base>.+\.experts)\.(?P<e>\d+)\."
+                           r"(?P<proj>gate_proj|up_proj|down_proj)$")
+
+
+def fused_source_weight(get: Any, keys: set[str], name: str, shape: tuple[int, ...]
+                        ) -> torch.Tensor | None:
+    """A source model's weight for one exported expert layer `name` (`...experts.<i>.<proj>`),
+    cut from transformers 5's fused tensors: `gate_up_proj` [E, 2I, H] holds gate then up
+    (Qwen3-MoE, Mixtral, DeepSeek), or [E, H, 2I] transposed with gate and up interleaved
+    (gpt-oss); `down_proj` [E, H, I] or [E, I, H]. `get(key)` reads a tensor; `shape` is the
+    exported layer's [out, in]. None when the source holds no such tensor."""
+    m = _EXPERT_LAYER.match(name)
+    if m is None:
+        return None
+    fused = m["base"] + (".down_proj" if m["proj"] == "down_proj" else ".gate_up_proj")
+    if fused not in keys:
+        return None
+    t = get(fused)[int(m["e"])].float()
+    out_f, in_f = shape
+    transposed = t.shape[0] == in_f and t.shape[1] != in_f
+    if transposed:
+        t = t.transpose(0, 1)
+    if m["proj"] != "down_proj":
+        half = {"gate_proj": 0, "up_proj": 1}[m["proj"]]
+        t = t[half::2] if transposed else t[half * out_f:(half + 1) * out_f]
+    return t if tuple(t.shape) == tuple(shape) else None
+
+
+def config_is_moe(config: dict[str, Any]) -> bool:
+    """Whether config.json describes a mixture-of-experts model (quantize.model.config)."""
+    from quantize.model.config import model_shape
+
+    try:
+        return model_shape(config).experts > 0
+    except Exception:  # a config model_shape cannot read is not one this check can judge
+        return False
+
+
+def routing_kind(config: dict[str, Any]) -> str:
+    """How the model picks experts, in vLLM's terms: `grouped-topk` (DeepSeek-V2/V3: sigmoid
+    scores, expert groups, a correction bias; RoutingMethodType.DeepSeekV3) or `softmax-topk`
+    (Mixtral, Qwen-MoE, gpt-oss: Default/Renormalize)."""
+    cfg = config.get("text_config") or config
+    if cfg.get("model_type", "").startswith("deepseek") or cfg.get("topk_method") in (
+            "group_limited_greedy", "noaux_tc") or int(cfg.get("n_group") or 1) > 1:
+        return "grouped-topk"
+    return "softmax-topk"
+
+
+def silu_experts(config: dict[str, Any]) -> bool:
+    """Whether the experts compute SiLU(gate) * up (gpt-oss clamps and biases its SwiGLU:
+    vLLM's MoEActivation.SWIGLUOAI)."""
+    cfg = config.get("text_config") or config
+    return cfg.get("model_type") != "gpt_oss" and cfg.get("hidden_act", "silu") == "silu"
+
+
+def transformers_load_problem(config: dict[str, Any]) -> str | None:
+    """Why transformers 5.17 cannot load this compressed-tensors MoE export, or None.
+
+    It re-fuses the exported per-expert tensors into its 3-D expert parameters through
+    `DecompressExperts` (transformers/integrations/compressed_tensors.py), whose stand-in
+    module carries `weight_packed`, `weight_scale` and `weight_shape` only: the zero points
+    of asymmetric experts are never collected, and compressed-tensors' decompress asserts
+    ("Asymmetric quant requires zero-point values"); the load ends in "We encountered some
+    issues during automatic conversion of the weights"."""
+    from quantize.model.qconfig import read_quant_config
+
+    qc = read_quant_config(config)
+    if qc is None or qc.native or not config_is_moe(config):
+        return None
+    if any(g.weights is not None and not g.weights.symmetric for g in qc.groups):
+        return ("transformers 5.17 drops the zero points of asymmetric MoE experts when it "
+                "re-fuses them (integrations/compressed_tensors.py DecompressExperts)")
+    return None
+
+
+def linearize(model: Any) -> Any:
+    """Replace transformers 5's fused 3-D expert tensors with one nn.Linear per expert
+    projection (`experts.<i>.gate_proj/up_proj/down_proj`), the layout exports are written
+    in, so a model built from config takes an export's per-expert tensors. llm-compressor's
+    own linearization (the one its calibration applies); a dense model is returned as is."""
+    if not is_moe(model):
+        return model
+    from llmcompressor.modeling.moe.linearize import linearize_moe
+    from loguru import logger
+
+    logger.disable("llmcompressor")  # it warns that linearizing after load is slow
+    try:
+        linearize_moe(model)
+    finally:
+        logger.enable("llmcompressor")
+    return model
+
+
+def load_linearized(ckpt: Path, config: dict[str, Any]) -> Any:
+    """A compressed-tensors MoE export loaded as transformers would load it, minus the
+    re-fusing that drops asymmetric zero points (`transformers_load_problem`): the model built
+    from config with one Linear per expert projection, compressed-tensors' quantization config
+    applied, the stored tensors loaded as they are, then compressed-tensors' own
+    `decompress_model` (the same steps transformers' CompressedTensorsHfQuantizer takes for a
+    dense model). fp32, on the CPU; activation quantization stays compressed-tensors'."""
+    import copy
+
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    from quantize.model.config import hf_config
+
+    qc = QuantizationConfig.model_validate(config["quantization_config"])
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(hf_config(config)),
+                                                 dtype=torch.float32).eval()
+    linearize(model)
+    apply_quantization_config(model, qc)
+    compressor = ModelCompressor(quantization_config=qc)
+    compressor.compress_model(model)  # the compressed parameters, shaped as stored
+    state: dict[str, Any] = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            state.update({k: fh.get_tensor(k) for k in fh.keys()})  # noqa: SIM118
+    missing, _ = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (m == "lm_head.weight" and
+                                          getattr(model.config, "tie_word_embeddings", False))]
+    if missing:
+        raise QuantizeError(f"{ckpt}: no stored tensor for {missing[:3]}; the export is "
+                            "incomplete - re-run it")
+    compressor.decompress_model(model)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()
+    return model.eval()
+
+
+# --- coverage, typed ------------------------------------------------------------------------
+class LayerCoverage(BaseModel):
+    """Tokens the router of one MoE layer sent to each expert during calibration."""
+
+    layer: str
+    experts: int
+    top_k: int
+    tokens: int  # tokens routed (each counts top_k times in `counts`)
+    counts: list[int]
+    min: int
+    median: float
+    max: int
+    unrouted: list[int] = Field(default_factory=list)  # experts that got no token
+
+    @classmethod
+    def from_counts(cls, layer: str, counts: list[int], top_k: int) -> LayerCoverage:
+        return cls(layer=layer, experts=len(counts), top_k=top_k,
+                   tokens=sum(counts) // max(top_k, 1), counts=counts, min=min(counts),
+                   median=float(statistics.median(counts)), max=max(counts),
+                   unrouted=[i for i, c in enumerate(counts) if c == 0])
+
+
+class ExpertCoverage(BaseModel):
+    """Expert coverage of one calibration: per MoE layer, and whether every expert's weights
+    saw calibration data (llm-compressor's `moe_calibrate_all_experts` sends every token
+    through every expert, whatever the router picks)."""
+
+    calibrated: bool  # the recipe calibrates on data (RTN/FP8-dynamic do not)
+    all_experts_calibrated: bool
+    layers: list[LayerCoverage] = Field(default_factory=list)
+
+    @property
+    def unrouted(self) -> list[str]:
+        return [f"{lay.layer}.experts.{e}" for lay in self.layers for e in lay.unrouted]
+
+    @property
+    def never_calibrated(self) -> list[str]:
+        """Experts whose weights saw no calibration token (empty for data-free recipes)."""
+        if not self.calibrated or self.all_experts_calibrated:
+            return []
+        return self.unrouted
+
+    def summary(self) -> dict[str, Any]:
+        counts = [c for lay in self.layers for c in lay.counts]
+        return {"layers": len(self.layers), "experts": len(counts),
+                "min": min(counts, default=0),
+                "median": float(statistics.median(counts)) if counts else 0.0,
+                "max": max(counts, default=0), "unrouted": len(self.unrouted),
+                "never_calibrated": len(self.never_calibrated),
+                "all_experts_calibrated": self.all_experts_calibrated,
+                "calibrated": self.calibrated}
+
+
+def read_coverage(folder: Path) -> ExpertCoverage | None:
+    path = folder / COVERAGE_FILE
+    if not path.is_file():
+        return None
+    return ExpertCoverage.model_validate_json(path.read_text())
+
+
+# --- exported scales --------------------------------------------------------------------
+class ScaleCheck(BaseModel):
+    """Every exported expert's scales: NaN/Inf, or all zero (a degenerate expert)."""
+
+    experts: int  # (layer, expert) pairs found
+    tensors: int
+    nonfinite: list[str] = Field(default_factory=list)  # tensor names
+    all_zero: list[str] = Field(default_factory=list)
+
+
+def _check_tensor(name: str, t: torch.Tensor, out: ScaleCheck) -> None:
+    import torch
+
+    f = t.float()
+    if not bool(torch.isfinite(f).all()):
+        out.nonfinite.append(name)
+    elif not bool(f.abs().amax() > 0):
+        out.all_zero.append(name)
+
+
+def check_expert_scales(ckpt: Path) -> ScaleCheck:
+    """Read every `...experts.<i>.<proj>.weight_scale|scales` tensor of an export."""
+    from safetensors import safe_open
+
+    out = ScaleCheck(experts=0, tensors=0)
+    seen: set[tuple[str, str]] = set()
+    for f in sorted(ckpt.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            for key in fh.keys():  # noqa: SIM118
+                m = _EXPERT_SCALE.match(key)
+                if m is None:
+                    continue
+                seen.add((m["layer"], m["expert"]))
+                out.tensors += 1
+                _check_tensor(key, fh.get_tensor(key), out)
+    out.experts = len(seen)
+    return out
