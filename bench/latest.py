@@ -60,6 +60,8 @@ def build(results: dict[str, Any]) -> dict[str, Any]:
         "phases_oneshot_knobs_only_s": by.get(KNOBS, {}).get("groups_s"),
     }
     overhead = {name: _ratio(get(p, "wall_s"), get(o, "wall_s")) for name, p, o in PAIRS}
+    overhead["gptq-int4 32x2048"] = _ratio(get("gptq pipeline 32x2048", "wall_s"),
+                                           get("gptq oneshot same-settings 32x2048", "wall_s"))
     ev = results.get("eval_vs_lmeval") or {}
     cpu = results.get("cpu_awq_vs_gptq") or {}
     return {
@@ -72,6 +74,19 @@ def build(results: dict[str, Any]) -> dict[str, Any]:
         "overhead": overhead,
         "overhead_rows_s": {name: [get(p, "wall_s"), get(o, "wall_s")]
                             for name, p, o in PAIRS},
+        "per_change_32x2048": {
+            "knobs_only_s": get("gptq oneshot knobs-only 32x2048", "wall_s"),
+            "same_settings_s": get("gptq oneshot same-settings 32x2048", "wall_s"),
+            "phases_knobs_only_s": by.get("gptq oneshot knobs-only 32x2048", {}).get("groups_s"),
+            "phases_same_settings_s": by.get("gptq oneshot same-settings 32x2048",
+                                             {}).get("groups_s"),
+            "loss_ratio": _ratio(get("gptq oneshot same-settings 32x2048", "gptq_loss_sum"),
+                                 get("gptq oneshot knobs-only 32x2048", "gptq_loss_sum"), 5)},
+        "batch1_128x2048": {"wall_s": get("gptq oneshot same-settings bs1 128x2048", "wall_s"),
+                            "gpu_peak_gib": get("gptq oneshot same-settings bs1 128x2048",
+                                                "gpu_peak_alloc_gib")},
+        "row_calls": {r["label"]: r.get("call", "this call") for r in results.get("runs", [])
+                      if "wall_s" in r},
         "eval_vs_lmeval": ev.get("lm_eval_over_quantize"),
         "eval_vs_lmeval_detail": {k: ev.get(k) for k in ("tokens", "seq_len", "batch",
                                                          "floor_s", "rows")} if ev else None,

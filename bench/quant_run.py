@@ -64,6 +64,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-mask", action="store_true",
                    help="drop the all-ones attention mask of equal-length samples, as the "
                         "pipeline does on a GPU")
+    p.add_argument("--torch-profile", default=None,
+                   help="append torch.profiler tables of a few layer forwards to this file")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--keep", action="store_true", help="keep the output folder")
     p.add_argument("--json-out", required=True)
@@ -176,6 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     cuda = torch.cuda.is_available() and a.device == "cuda"
     prof = None if a.no_profile else profiler.Prof()
     missing = profiler.install(prof) if prof else []
+    if a.torch_profile and cuda:
+        profiler.torch_profile_forward(a.torch_profile)
     if cuda:
         torch.cuda.init()
         torch.zeros(1, device="cuda")  # context creation stays out of the timing

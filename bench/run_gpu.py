@@ -131,6 +131,15 @@ PLANS["issue20"] = [
                                    C8, *SAME], 60),
     ("gptq oneshot knobs-only 128x2048", ["--mode", "oneshot", "--recipe", "gptq-int4",
                                           "--calib", C128, *TUNED, "--batch-size", "8"], 95),
+    # each change against the library's knobs alone, at 32 x 2048 (the first row also warms
+    # Triton's kernel cache, which the first GPTQ process on a machine fills: +1.3 s)
+    ("gptq oneshot same-settings 32x2048", ["--mode", "oneshot", "--recipe", "gptq-int4",
+                                            "--calib", C32, *SAME, "--torch-profile",
+                                            str(WORK / "torch-profile.txt")], 55),
+    ("gptq oneshot knobs-only 32x2048", ["--mode", "oneshot", "--recipe", "gptq-int4",
+                                         "--calib", C32, *TUNED, "--batch-size", "8"], 60),
+    ("gptq pipeline 32x2048", ["--mode", "pipeline", "--recipe", "gptq-int4", "--calib", C32],
+     55),
     # batch 1: the memory side of the speed/memory trade-off (goal 3)
     ("gptq oneshot same-settings bs1 128x2048", ["--mode", "oneshot", "--recipe", "gptq-int4",
                                                  "--calib", C128, *TUNED, "--fast-hessian",
@@ -251,9 +260,12 @@ def run_plan(a: argparse.Namespace, clock: Clock, env: dict[str, str], out: Path
              model: Path, rates: dict[str, Any], results: dict[str, Any]) -> None:
     cfg = json.loads((model / "config.json").read_text())
     log = out / "log.txt"
-    done = {r["label"] for r in results["runs"]}  # rows merged from an earlier call
-    rows = [r for r in PLANS[a.plan] if (not a.rows or r[0] in a.rows.split(","))
-            and r[0] not in done]
+    # --rows: exactly these rows, in this order (also re-running a merged one); otherwise
+    # the plan's rows that no earlier call merged in
+    done = {r["label"] for r in results["runs"]}
+    by_label = {r[0]: r for r in PLANS[a.plan]}
+    rows = [by_label[x] for x in a.rows.split(",")] if a.rows else \
+        [r for r in PLANS[a.plan] if r[0] not in done]
     for label, args, est in rows:
         if a.eval_lmeval and label == EVAL_BEFORE:
             eval_vs_lmeval(a, clock, env, out, model, results)
@@ -300,6 +312,8 @@ def save(out: Path, results: dict[str, Any], a: argparse.Namespace) -> None:
     (out / "results.json").write_text(json.dumps(results, indent=1))
     # kept on the machine: a next call while it is warm can --merge it
     (WORK / "last-results.json").write_text(json.dumps(results, indent=1))
+    if (WORK / "torch-profile.txt").is_file():
+        shutil.copy2(WORK / "torch-profile.txt", out / "torch-profile.txt")
     if a.plan.startswith("issue20"):
         from bench import latest
 
