@@ -64,6 +64,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-mask", action="store_true",
                    help="drop the all-ones attention mask of equal-length samples, as the "
                         "pipeline does on a GPU")
+    p.add_argument("--sdpa", action="store_true",
+                   help="attention through SDPA in the traced layers (_gpu_fast."
+                        "sdpa_in_traced_layers; not what the pipeline does yet)")
     p.add_argument("--torch-profile", default=None,
                    help="append torch.profiler tables of a few layer forwards to this file")
     p.add_argument("--no-profile", action="store_true")
@@ -75,7 +78,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def check_args(a: argparse.Namespace) -> None:
     if a.mode == "pipeline" and (a.batch_size != 1 or a.offload_device != "cpu" or a.tf32
-                                 or a.fast_hessian or a.no_mask
+                                 or a.fast_hessian or a.no_mask or a.sdpa
                                  or a.load_device not in (None, a.device)):
         raise SystemExit("the pipeline uses its own defaults (on a GPU: TF32, activations on "
                          "the GPU, batch `auto`, loading on --device); vary knobs only with "
@@ -117,7 +120,7 @@ def run_oneshot(a: argparse.Namespace, prof: profiler.Prof | None) -> dict[str, 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from quantize.backends import _llmc_compat
-    from quantize.backends._gpu_fast import fast_hessian
+    from quantize.backends._gpu_fast import fast_hessian, sdpa_in_traced_layers
     from quantize.backends.llmcompressor import SHARD_SIZE, _quiet_engine, build_modifiers
     from quantize.checks.preflight import check
     from quantize.model.config import read_config, torch_dtype
@@ -154,7 +157,7 @@ def run_oneshot(a: argparse.Namespace, prof: profiler.Prof | None) -> dict[str, 
                   "shuffle_calibration_samples": False, "batch_size": a.batch_size,
                   "sequential_offload_device": a.offload_device}
     out = Path(a.out)
-    with fast_hessian(a.fast_hessian):
+    with fast_hessian(a.fast_hessian), sdpa_in_traced_layers(model, a.sdpa):
         oneshot(model=model, processor=tokenizer,  # type: ignore[arg-type]
                 recipe=build_modifiers(recipe, group_size), **kwargs)
     if dtype != src_dtype:
@@ -204,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         "label": a.label, "mode": a.mode, "recipe": a.recipe, "model": a.model,
         "calib": a.calib, "batch_size": a.batch_size, "offload_device": a.offload_device,
         "load_device": a.load_device or a.device, "tf32": a.tf32, "device": a.device,
-        "fast_hessian": a.fast_hessian, "no_mask": a.no_mask,
+        "fast_hessian": a.fast_hessian, "no_mask": a.no_mask, "sdpa": a.sdpa,
         "profiled": prof is not None, "wall_s": round(wall, 2), **result,
         "gpu_peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda
         else None,

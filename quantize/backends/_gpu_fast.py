@@ -116,3 +116,34 @@ def fast_hessian(enabled: bool) -> Iterator[None]:
     finally:
         base.accumulate_hessian = orig
         patched.shared.clear()
+
+
+@contextlib.contextmanager
+def sdpa_in_traced_layers(model: Any, enabled: bool) -> Iterator[None]:
+    """Opt-in, not yet measured on a GPU (bench/RESULTS.md, "next step"): llm-compressor's
+    sequential pipeline runs attention through the modeling module's
+    `eager_attention_forward` although the loaded model says `sdpa` (an H200 profile of one
+    Llama-3.1-8B layer at 8 x 2048 tokens: softmax, fp32 casts, mask add and bmm took about
+    15 of 25.6 ms). This swaps that module function for transformers' SDPA one during one
+    `oneshot`; anything but a model loaded with sdpa is left alone."""
+    import sys
+
+    mod = sys.modules.get(type(model).__module__)
+    if (not enabled or mod is None or not hasattr(mod, "eager_attention_forward")
+            or getattr(model.config, "_attn_implementation", None) != "sdpa"):
+        yield
+        return
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    orig = mod.eager_attention_forward
+
+    def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                  scaling: float, dropout: float = 0.0, **kwargs: Any) -> Any:
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+
+    mod.eager_attention_forward = attention
+    try:
+        yield
+    finally:
+        mod.eager_attention_forward = orig

@@ -173,10 +173,10 @@ def calibration_columns(samples: list[list[int]], gpu: bool) -> dict[str, Any]:
 
 
 # llm-compressor saves one shard of up to 20 GB; the pipeline then hashes each output file,
-# one thread per file. Small shards let an 8B checkpoint hash on several cores at once (one
-# 8.5 GB file took 7.9 s on an H200 host, 2 GB shards 1.8 s, 1 GB shards 1.3 s,
-# bench/RESULTS.md); vLLM and transformers load any number of shards.
-SHARD_SIZE = "512MB"
+# one thread per file. Smaller shards let an 8B checkpoint hash on several cores at once
+# (8.5 GB of fp8 on an H200 host: one file 7.9 s; 2 GB shards 1.8 s; 1 GB 1.37 s; 512 MB
+# 1.41 s but 1.8 s slower to write, bench/RESULTS.md); vLLM and transformers load any number.
+SHARD_SIZE = "1GB"
 
 
 def save(model: Any, tokenizer: Any, out: Path, dtype: Any, src_dtype: Any,

@@ -86,3 +86,20 @@ def test_cpu_calibration_is_untouched() -> None:
     assert calibration_columns(same, gpu=True) == {"input_ids": same}
     ragged = [[1, 2, 3], [4]]
     assert "attention_mask" in calibration_columns(ragged, gpu=True)
+
+
+def test_sdpa_swap_is_opt_in_and_restored() -> None:
+    import transformers.models.llama.modeling_llama as ml
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from quantize.backends._gpu_fast import sdpa_in_traced_layers
+
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, vocab_size=64)
+    model = LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa")
+    eager = ml.eager_attention_forward
+    with sdpa_in_traced_layers(model, False):
+        assert ml.eager_attention_forward is eager
+    with sdpa_in_traced_layers(model, True):
+        assert ml.eager_attention_forward is not eager
+    assert ml.eager_attention_forward is eager
