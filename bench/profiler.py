@@ -203,3 +203,40 @@ def group_phases(phases: dict[str, float]) -> dict[str, float]:
                 seen.add(n)
     out["other"] = sum(v for k, v in phases.items() if k not in seen)
     return {k: round(v, 2) for k, v in out.items()}
+
+
+def torch_profile_forward(path: str, skip: int = 40, count: int = 8) -> None:
+    """Run the `count` layer forwards after the first `skip` under torch.profiler and append
+    each one's table of kernels (by GPU time) to `path`: what the forward phase is made of."""
+    import torch
+    from llmcompressor.pipelines.sequential import helpers
+    from torch.profiler import ProfilerActivity, profile
+
+    orig = helpers.Subgraph.forward
+    seen = [0]
+
+    @functools.wraps(orig)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        n = seen[0]
+        seen[0] += 1
+        if not skip <= n < skip + count:
+            return orig(self, *args, **kwargs)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+            out = orig(self, *args, **kwargs)
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        try:
+            avg = p.key_averages()
+            try:
+                table = avg.table(sort_by="device_time_total", row_limit=25)
+            except (KeyError, AttributeError, ValueError):
+                table = avg.table(sort_by="cuda_time_total", row_limit=25)
+        except Exception as exc:  # a profiler failure must not end the run
+            table = f"profiler table failed: {exc!r}"
+        with open(path, "a") as f:
+            f.write(f"## layer forward call {n}: {wall * 1e3:.1f} ms wall (profiled)\n{table}\n")
+        return out
+
+    helpers.Subgraph.forward = forward

@@ -58,6 +58,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         "the host and let the sequential pipeline onload layer by layer)")
     p.add_argument("--tf32", action="store_true",
                    help="allow TF32 for fp32 matmuls (the engine's Hessian accumulation)")
+    p.add_argument("--fast-hessian", action="store_true",
+                   help="the pipeline's GPU Hessian (quantize.backends._gpu_fast): bf16 GEMM "
+                        "with fp32 output, one product per shared input")
+    p.add_argument("--no-mask", action="store_true",
+                   help="drop the all-ones attention mask of equal-length samples, as the "
+                        "pipeline does on a GPU")
+    p.add_argument("--sdpa", action="store_true",
+                   help="attention through SDPA in the traced layers (_gpu_fast."
+                        "sdpa_in_traced_layers; not what the pipeline does yet)")
+    p.add_argument("--torch-profile", default=None,
+                   help="append torch.profiler tables of a few layer forwards to this file")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--keep", action="store_true", help="keep the output folder")
     p.add_argument("--json-out", required=True)
@@ -67,6 +78,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def check_args(a: argparse.Namespace) -> None:
     if a.mode == "pipeline" and (a.batch_size != 1 or a.offload_device != "cpu" or a.tf32
+                                 or a.fast_hessian or a.no_mask or a.sdpa
                                  or a.load_device not in (None, a.device)):
         raise SystemExit("the pipeline uses its own defaults (on a GPU: TF32, activations on "
                          "the GPU, batch `auto`, loading on --device); vary knobs only with "
@@ -85,7 +97,8 @@ def run_pipeline(a: argparse.Namespace) -> dict[str, Any]:
             "stage_s": {k: v["duration_s"] for k, v in stages.items()},
             # what the pipeline chose, so the row says which oneshot row it matches
             "batch_size": stages["quantize"]["summary"].get("batch_size", 1),
-            **({"tf32": True, "offload_device": "cuda"} if a.device == "cuda" else {})}
+            **({"tf32": True, "offload_device": "cuda", "fast_hessian": True, "no_mask": True}
+               if a.device == "cuda" else {})}
 
 
 def calibration_samples(recipe_name: str, calib: str, model: str) -> list[list[int]]:
@@ -107,12 +120,10 @@ def run_oneshot(a: argparse.Namespace, prof: profiler.Prof | None) -> dict[str, 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from quantize.backends import _llmc_compat
-    from quantize.backends.llmcompressor import (
-        _quiet_engine,
-        _source_dtype,
-        build_modifiers,
-    )
+    from quantize.backends._gpu_fast import fast_hessian, sdpa_in_traced_layers
+    from quantize.backends.llmcompressor import SHARD_SIZE, _quiet_engine, build_modifiers
     from quantize.checks.preflight import check
+    from quantize.model.config import read_config, torch_dtype
     from quantize.spec.recipe import load_recipe
     from quantize.stages.calibrate import fingerprint
 
@@ -129,25 +140,29 @@ def run_oneshot(a: argparse.Namespace, prof: profiler.Prof | None) -> dict[str, 
     samples = calibration_samples(a.recipe, a.calib, a.model) if recipe.needs_calibration else []
     if prof:
         prof.exit()
-    dtype = torch.float32 if a.device == "cpu" else _source_dtype(model_dir)
+    src_dtype = torch_dtype(read_config(model_dir), allow_fp32=True)
+    dtype = torch.float32 if a.device == "cpu" else src_dtype
     load_device = a.load_device or a.device
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=dtype, device_map=None if load_device == "cpu" else load_device)
     kwargs: dict[str, Any] = {}
     if samples:
-        ds = Dataset.from_dict({"input_ids": samples,
-                                "attention_mask": [[1] * len(s) for s in samples]})
+        cols: dict[str, Any] = {"input_ids": samples}
+        if not a.no_mask:
+            cols["attention_mask"] = [[1] * len(s) for s in samples]
+        ds = Dataset.from_dict(cols)
         kwargs = {"dataset": ds, "num_calibration_samples": len(samples),
                   "max_seq_length": max(len(s) for s in samples),
                   "shuffle_calibration_samples": False, "batch_size": a.batch_size,
                   "sequential_offload_device": a.offload_device}
     out = Path(a.out)
-    oneshot(model=model, processor=tokenizer,  # type: ignore[arg-type]
-            recipe=build_modifiers(recipe, group_size), **kwargs)
-    if dtype != _source_dtype(model_dir):
-        model.to(_source_dtype(model_dir))
-    model.save_pretrained(out, save_compressed=True)
+    with fast_hessian(a.fast_hessian), sdpa_in_traced_layers(model, a.sdpa):
+        oneshot(model=model, processor=tokenizer,  # type: ignore[arg-type]
+                recipe=build_modifiers(recipe, group_size), **kwargs)
+    if dtype != src_dtype:
+        model.to(src_dtype)
+    model.save_pretrained(out, save_compressed=True, max_shard_size=SHARD_SIZE)
     tokenizer.save_pretrained(out)
     tokens = sum(len(s) for s in samples)
     return {"tokens": tokens, "num_samples": len(samples),
@@ -166,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     cuda = torch.cuda.is_available() and a.device == "cuda"
     prof = None if a.no_profile else profiler.Prof()
     missing = profiler.install(prof) if prof else []
+    if a.torch_profile and cuda:
+        profiler.torch_profile_forward(a.torch_profile)
     if cuda:
         torch.cuda.init()
         torch.zeros(1, device="cuda")  # context creation stays out of the timing
@@ -190,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         "label": a.label, "mode": a.mode, "recipe": a.recipe, "model": a.model,
         "calib": a.calib, "batch_size": a.batch_size, "offload_device": a.offload_device,
         "load_device": a.load_device or a.device, "tf32": a.tf32, "device": a.device,
+        "fast_hessian": a.fast_hessian, "no_mask": a.no_mask, "sdpa": a.sdpa,
         "profiled": prof is not None, "wall_s": round(wall, 2), **result,
         "gpu_peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda
         else None,

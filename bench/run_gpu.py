@@ -108,6 +108,43 @@ PLANS: dict[str, list[Row]] = {
     ],
 }
 PLANS["final"] = PLANS["overhead"][:4] + PLANS["overhead2"]
+# issue 20: the pipeline (its GPU defaults: TF32, activations on the GPU, batch 8, the bf16
+# Hessian of quantize/backends/_gpu_fast.py, no all-ones mask) against plain oneshot given the
+# same settings, the library's defaults, and the library's knobs alone; in priority order
+# (run_gpu skips what no longer fits the deadline; --rows picks rows for a second call)
+SAME = [*TUNED, "--batch-size", "8", "--fast-hessian", "--no-mask"]
+PLANS["issue20"] = [
+    ("gptq pipeline 128x2048", ["--mode", "pipeline", "--recipe", "gptq-int4", "--calib",
+                                C128], 75),
+    ("gptq oneshot same-settings 128x2048", ["--mode", "oneshot", "--recipe", "gptq-int4",
+                                             "--calib", C128, *SAME], 75),
+    ("gptq oneshot library-defaults 128x2048", ["--mode", "oneshot", "--recipe", "gptq-int4",
+                                                "--calib", C128], 235),
+    ("fp8 pipeline", ["--mode", "pipeline", "--recipe", "fp8-dynamic", "--calib", C16], 35),
+    ("fp8 oneshot same-settings", ["--mode", "oneshot", "--recipe", "fp8-dynamic", "--calib",
+                                   C16, *SAME], 35),
+    ("w8a8 pipeline", ["--mode", "pipeline", "--recipe", "w8a8-int8", "--calib", C16], 55),
+    ("w8a8 oneshot same-settings", ["--mode", "oneshot", "--recipe", "w8a8-int8", "--calib",
+                                    C16, *SAME], 55),
+    ("awq pipeline", ["--mode", "pipeline", "--recipe", "awq-int4", "--calib", C8], 60),
+    ("awq oneshot same-settings", ["--mode", "oneshot", "--recipe", "awq-int4", "--calib",
+                                   C8, *SAME], 60),
+    ("gptq oneshot knobs-only 128x2048", ["--mode", "oneshot", "--recipe", "gptq-int4",
+                                          "--calib", C128, *TUNED, "--batch-size", "8"], 95),
+    # each change against the library's knobs alone, at 32 x 2048 (the first row also warms
+    # Triton's kernel cache, which the first GPTQ process on a machine fills: +1.3 s)
+    ("gptq oneshot same-settings 32x2048", ["--mode", "oneshot", "--recipe", "gptq-int4",
+                                            "--calib", C32, *SAME, "--torch-profile",
+                                            str(WORK / "torch-profile.txt")], 55),
+    ("gptq oneshot knobs-only 32x2048", ["--mode", "oneshot", "--recipe", "gptq-int4",
+                                         "--calib", C32, *TUNED, "--batch-size", "8"], 60),
+    ("gptq pipeline 32x2048", ["--mode", "pipeline", "--recipe", "gptq-int4", "--calib", C32],
+     55),
+    # batch 1: the memory side of the speed/memory trade-off (goal 3)
+    ("gptq oneshot same-settings bs1 128x2048", ["--mode", "oneshot", "--recipe", "gptq-int4",
+                                                 "--calib", C128, *TUNED, "--fast-hessian",
+                                                 "--no-mask"], 80),
+]
 EVAL_EST_S = 60
 
 
@@ -223,13 +260,23 @@ def run_plan(a: argparse.Namespace, clock: Clock, env: dict[str, str], out: Path
              model: Path, rates: dict[str, Any], results: dict[str, Any]) -> None:
     cfg = json.loads((model / "config.json").read_text())
     log = out / "log.txt"
-    for label, args, est in PLANS[a.plan]:
+    # --rows: exactly these rows, in this order (also re-running a merged one); otherwise
+    # the plan's rows that no earlier call merged in
+    done = {r["label"] for r in results["runs"]}
+    by_label = {r[0]: r for r in PLANS[a.plan]}
+    rows = [by_label[x] for x in a.rows.split(",")] if a.rows else \
+        [r for r in PLANS[a.plan] if r[0] not in done]
+    for label, args, est in rows:
+        if a.eval_lmeval and label == EVAL_BEFORE:
+            eval_vs_lmeval(a, clock, env, out, model, results)
         if clock.left() < est + 10:
             results["runs"].append({"label": label, "error": f"skipped: {clock.left():.0f}s "
                                     f"left, needs ~{est}s"})
             continue
         if a.device == "cpu":  # script checks on a machine without a GPU
-            args = ["cpu" if x == "cuda" else x for x in args]
+            args = ["cpu" if x == "cuda" else "bench/calib-tiny.yaml"
+                    if x.startswith("bench/calib-") and x.endswith("x2048.yaml") else x
+                    for x in args]
         jpath = WORK / "run.json"
         jpath.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "bench.quant_run", "--model", str(model), "--out",
@@ -244,7 +291,7 @@ def run_plan(a: argparse.Namespace, clock: Clock, env: dict[str, str], out: Path
             rec = {"label": label, "error": f"rc {rc} (see log.txt)"}
         rec["process_s"] = round(time.perf_counter() - t0, 1)
         results["runs"].append(rec)
-        (out / "results.json").write_text(json.dumps(results, indent=1))
+        save(out, results, a)
         print(f"[{time.strftime('%H:%M:%S')}] {label}: "
               f"{rec.get('wall_s', rec.get('error'))} s", flush=True)
     if a.eval and clock.left() > EVAL_EST_S:
@@ -258,6 +305,39 @@ def run_plan(a: argparse.Namespace, clock: Clock, env: dict[str, str], out: Path
         (out / "results.json").write_text(json.dumps(results, indent=1))
 
 
+EVAL_BEFORE = "fp8 pipeline"  # where the lm-eval comparison runs in the issue20 plan
+
+
+def save(out: Path, results: dict[str, Any], a: argparse.Namespace) -> None:
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    # kept on the machine: a next call while it is warm can --merge it
+    (WORK / "last-results.json").write_text(json.dumps(results, indent=1))
+    if (WORK / "torch-profile.txt").is_file():
+        shutil.copy2(WORK / "torch-profile.txt", out / "torch-profile.txt")
+    if a.plan.startswith("issue20"):
+        from bench import latest
+
+        latest.write(results, out / "latest.json")
+
+
+def eval_vs_lmeval(a: argparse.Namespace, clock: Clock, env: dict[str, str], out: Path,
+                   model: Path, results: dict[str, Any]) -> None:
+    """Goal 4: bench.eval_vs_lmeval on the 8B model (same windows and batch)."""
+    if clock.left() < EVAL_EST_S + 10 or "eval_vs_lmeval" in results:
+        return
+    jpath = WORK / "eval_vs_lmeval.json"
+    jpath.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "bench.eval_vs_lmeval", "--model", str(model), "--device",
+           a.device, "--tokens", "32768", "--seq-len", "1024", "--batch", "8", "--json-out",
+           str(jpath)]
+    rc, _ = sh(cmd, env, max(clock.left() - 5, 10), out / "log.txt")
+    results["eval_vs_lmeval"] = json.loads(jpath.read_text()) if rc == 0 and jpath.is_file() \
+        else {"error": f"rc {rc} (see log.txt)"}
+    save(out, results, a)
+    print(f"[{time.strftime('%H:%M:%S')}] eval vs lm-eval: "
+          f"{results['eval_vs_lmeval'].get('lm_eval_over_quantize')}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--plan", choices=sorted(PLANS), required=True)
@@ -267,11 +347,28 @@ def main() -> None:
     p.add_argument("--preset", default="llama3.1-8b")
     p.add_argument("--no-rates", action="store_true")
     p.add_argument("--eval", action="store_true", help="also run bench.eval_run at the end")
+    p.add_argument("--eval-lmeval", action="store_true",
+                   help="also run bench.eval_vs_lmeval (before the fp8 rows of issue20)")
+    p.add_argument("--rows", default="", help="comma-separated labels: run only these rows")
+    p.add_argument("--merge", type=Path, default=None,
+                   help="results.json of an earlier call: its rows are kept (tagged with "
+                        "that call's date) and latest.json is computed from both")
     a = p.parse_args()
     clock = Clock(a.deadline_s)
     a.out.mkdir(parents=True, exist_ok=True)
     env = child_env()
     results: dict[str, Any] = {"plan": a.plan, "env": environment(), "runs": []}
+    if a.merge and not a.merge.is_file():
+        print(f"--merge {a.merge}: not there (a fresh machine); nothing merged", flush=True)
+    elif a.merge:
+        earlier = json.loads(a.merge.read_text())
+        when = earlier.get("env", {}).get("date")
+        results["runs"] = [{**r, "call": r.get("call", when)} for r in earlier["runs"]
+                           if "wall_s" in r]
+        results["earlier_env"] = earlier.get("env")
+        for k in ("eval_vs_lmeval",):
+            if k in earlier and "error" not in earlier[k]:
+                results[k] = earlier[k]
     print(json.dumps(results["env"]), flush=True)
     write_calib_text()
     log = a.out / "log.txt"
@@ -290,7 +387,9 @@ def main() -> None:
     (a.out / "results.json").write_text(json.dumps(results, indent=1))
     if "error" not in results["model"]:
         run_plan(a, clock, env, a.out, model, rates, results)
-    (a.out / "results.json").write_text(json.dumps(results, indent=1))
+        if a.eval_lmeval:
+            eval_vs_lmeval(a, clock, env, a.out, model, results)
+    save(a.out, results, a)
     print(table(results["runs"]))
     if "eval" in results:
         print(json.dumps(results["eval"]))

@@ -156,18 +156,20 @@ def calibrate(model: Any, tokenizer: Any, job: QuantizeJob, samples: list[list[i
     from datasets import Dataset
     from llmcompressor import oneshot
 
+    from quantize.backends._gpu_fast import fast_hessian
+
     recipe = job.recipe
+    gpu = job.device != "cpu"
     kwargs: dict[str, Any] = {}
     if recipe.needs_calibration:
-        ds = Dataset.from_dict({"input_ids": samples,
-                                "attention_mask": [[1] * len(s) for s in samples]})
+        ds = Dataset.from_dict(calibration_columns(samples, gpu))
         kwargs = {"dataset": ds, "num_calibration_samples": len(samples),
                   "max_seq_length": max(len(s) for s in samples),
                   "shuffle_calibration_samples": False, "batch_size": job.batch_size}
     if job.device != "cpu":
         kwargs.update(_gpu_speedups(offload=job.placement == "onload+offload"))
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), fast_hessian(gpu):
             oneshot(model=model, processor=tokenizer,
                     log_dir=str(log_dir), recipe=build_modifiers(recipe, job.group_size),
                     **kwargs)
@@ -176,11 +178,21 @@ def calibrate(model: Any, tokenizer: Any, job: QuantizeJob, samples: list[list[i
         raise QuantizationError(f"llm-compressor failed: {msg}") from exc
 
 
+def calibration_columns(samples: list[list[int]], gpu: bool) -> dict[str, Any]:
+    """The dataset oneshot reads. On a GPU, equal-length samples (packed windows) go without
+    an all-ones attention mask: the model then takes its plain causal attention path instead
+    of building a 4-D mask (same result; measured in bench/RESULTS.md). The CPU keeps it."""
+    cols: dict[str, Any] = {"input_ids": samples}
+    if not (gpu and len({len(s) for s in samples}) == 1):
+        cols["attention_mask"] = [[1] * len(s) for s in samples]
+    return cols
+
+
 # llm-compressor saves one shard of up to 20 GB; the pipeline then hashes each output file,
-# one thread per file. 2 GB shards let an 8B checkpoint hash on several cores at once (one
-# 8.5 GB file took 7.9 s on an H200 host, bench/RESULTS.md); vLLM and transformers load any
-# number of shards.
-SHARD_SIZE = "2GB"
+# one thread per file. Smaller shards let an 8B checkpoint hash on several cores at once
+# (8.5 GB of fp8 on an H200 host: one file 7.9 s; 2 GB shards 1.8 s; 1 GB 1.37 s; 512 MB
+# 1.41 s but 1.8 s slower to write, bench/RESULTS.md); vLLM and transformers load any number.
+SHARD_SIZE = "1GB"
 
 
 def save(model: Any, tokenizer: Any, out: Path, dtype: Any, src_dtype: Any,

@@ -1,0 +1,116 @@
+"""`bench/results/latest.json`: the issue-20 figures, computed from one call's results.json.
+
+run_gpu.py calls `write()` after every row of the `issue20` plan, so the file the call brings
+back always holds what that call measured (a figure whose rows did not run is null, with the
+reason under "missing"). `python -m bench.latest results.json --out latest.json` recomputes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+# goal-2 pairs: (recipe, pipeline row, oneshot row with the pipeline's engine settings)
+PAIRS = [("gptq-int4", "gptq pipeline 128x2048", "gptq oneshot same-settings 128x2048"),
+         ("awq-int4", "awq pipeline", "awq oneshot same-settings"),
+         ("w8a8-int8", "w8a8 pipeline", "w8a8 oneshot same-settings"),
+         ("fp8-dynamic", "fp8 pipeline", "fp8 oneshot same-settings")]
+PIPE, SAME, KNOBS, DEFAULTS = ("gptq pipeline 128x2048", "gptq oneshot same-settings 128x2048",
+                               "gptq oneshot knobs-only 128x2048",
+                               "gptq oneshot library-defaults 128x2048")
+
+
+def _r(x: float | None, n: int = 2) -> float | None:
+    return None if x is None else round(x, n)
+
+
+def _ratio(a: float | None, b: float | None, n: int = 3) -> float | None:
+    return None if a is None or not b else round(a / b, n)
+
+
+def build(results: dict[str, Any]) -> dict[str, Any]:
+    env = results.get("env", {})
+    by = {r["label"]: r for r in results.get("runs", []) if "wall_s" in r}
+    missing = {r["label"]: r.get("error", "") for r in results.get("runs", [])
+               if "wall_s" not in r}
+
+    def get(label: str, key: str) -> Any:
+        return by.get(label, {}).get(key)
+
+    pipe = by.get(PIPE, {})
+    floor = (pipe.get("floor") or by.get(SAME, {}).get("floor") or {}).get("floor_s")
+    loss_p, loss_d = get(PIPE, "gptq_loss_sum"), get(DEFAULTS, "gptq_loss_sum")
+    gptq = {
+        "pipeline_quantize_stage_s": _r((pipe.get("stage_s") or {}).get("quantize")),
+        "pipeline_wall_s": get(PIPE, "wall_s"),
+        "oneshot_library_defaults_s": get(DEFAULTS, "wall_s"),
+        "oneshot_same_settings_s": get(SAME, "wall_s"),
+        "oneshot_knobs_only_s": get(KNOBS, "wall_s"),
+        "floor_s": _r(floor),
+        "gpu_peak_gib_pipeline": get(PIPE, "gpu_peak_alloc_gib"),
+        "gpu_peak_gib_oneshot_defaults": get(DEFAULTS, "gpu_peak_alloc_gib"),
+        "gpu_peak_gib_oneshot_same_settings": get(SAME, "gpu_peak_alloc_gib"),
+        "gptq_loss_ratio": _ratio(loss_p, loss_d, 5),
+        "gptq_loss_ratio_vs_same_settings": _ratio(loss_p, get(SAME, "gptq_loss_sum"), 5),
+        "gptq_loss_ratio_vs_knobs_only": _ratio(loss_p, get(KNOBS, "gptq_loss_sum"), 5),
+        "phases_pipeline_s": pipe.get("groups_s"),
+        "phases_oneshot_defaults_s": by.get(DEFAULTS, {}).get("groups_s"),
+        "phases_oneshot_knobs_only_s": by.get(KNOBS, {}).get("groups_s"),
+    }
+    overhead = {name: _ratio(get(p, "wall_s"), get(o, "wall_s")) for name, p, o in PAIRS}
+    overhead["gptq-int4 32x2048"] = _ratio(get("gptq pipeline 32x2048", "wall_s"),
+                                           get("gptq oneshot same-settings 32x2048", "wall_s"))
+    ev = results.get("eval_vs_lmeval") or {}
+    cpu = results.get("cpu_awq_vs_gptq") or {}
+    return {
+        "gpu": env.get("gpu"), "date": env.get("date"),
+        "versions": {k: env.get(k) for k in ("python", "torch", "transformers", "accelerate",
+                                               "llmcompressor", "compressed-tensors",
+                                               "safetensors", "quantize_source")},
+        "plan": results.get("plan"),
+        "gptq_int4_8b_128x2048": gptq,
+        "overhead": overhead,
+        "overhead_rows_s": {name: [get(p, "wall_s"), get(o, "wall_s")]
+                            for name, p, o in PAIRS},
+        "per_change_32x2048": {
+            "knobs_only_s": get("gptq oneshot knobs-only 32x2048", "wall_s"),
+            "same_settings_s": get("gptq oneshot same-settings 32x2048", "wall_s"),
+            "phases_knobs_only_s": by.get("gptq oneshot knobs-only 32x2048", {}).get("groups_s"),
+            "phases_same_settings_s": by.get("gptq oneshot same-settings 32x2048",
+                                             {}).get("groups_s"),
+            "loss_ratio": _ratio(get("gptq oneshot same-settings 32x2048", "gptq_loss_sum"),
+                                 get("gptq oneshot knobs-only 32x2048", "gptq_loss_sum"), 5)},
+        "batch1_128x2048": {"wall_s": get("gptq oneshot same-settings bs1 128x2048", "wall_s"),
+                            "gpu_peak_gib": get("gptq oneshot same-settings bs1 128x2048",
+                                                "gpu_peak_alloc_gib")},
+        "row_calls": {r["label"]: r.get("call", "this call") for r in results.get("runs", [])
+                      if "wall_s" in r},
+        "eval_vs_lmeval": ev.get("lm_eval_over_quantize"),
+        "eval_vs_lmeval_detail": {k: ev.get(k) for k in ("tokens", "seq_len", "batch",
+                                                         "floor_s", "rows")} if ev else None,
+        "cpu_awq_vs_gptq": {"awq_quantize_stage_s": cpu.get("awq_quantize_stage_s"),
+                            "gptq_quantize_stage_s": cpu.get("gptq_quantize_stage_s"),
+                            "ratio": _ratio(cpu.get("awq_quantize_stage_s"),
+                                            cpu.get("gptq_quantize_stage_s"), 2),
+                            "note": cpu.get("note", "not measured in this call (CPU goal 5)")},
+        "missing": missing,
+    }
+
+
+def write(results: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(build(results), indent=1) + "\n")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("results", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args()
+    write(json.loads(a.results.read_text()), a.out)
+
+
+if __name__ == "__main__":
+    main()
