@@ -83,6 +83,9 @@ def handle_errors(fn: F) -> F:
             _say(f"interrupted{by}: finished stages are kept; re-run the same command to "
                  "resume")
             sys.exit(128 + signum)
+        except BrokenPipeError:  # `quantize recipes | head`: the reader left; say nothing
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
         except Exception as exc:
             if _debug():
                 raise

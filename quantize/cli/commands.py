@@ -190,7 +190,7 @@ def recipes_cmd() -> None:
         group = " g auto" if r.group_size == "auto" else f" g{r.group_size}"
         fmt = r.scheme + (group if r.group_size else "") + (
             " +kv-fp8" if r.kv_cache else "")
-        click.echo(f"{name:<{width}} {r.method:<5} {fmt:<20} {r.backend:<13} {r.description}")
+        click.echo(f"{name:<{width}} {r.method:<9} {fmt:<20} {r.backend:<13} {r.description}")
 
 
 @main.command("validate")

@@ -100,3 +100,37 @@ def test_native_engine_export_tracks_the_original(recipe: str, default_model: Pa
     rel = float((b - a).norm() / a.norm())
     assert agree >= 0.5, f"{recipe}: top-1 agreement {agree:.2f}"
     assert rel < 0.6, f"{recipe}: relative logit error {rel:.2f}"
+
+
+@pytest.fixture(scope="module")
+def default_recipe_run(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default recipe (quantize.spec.recipe.DEFAULT_RECIPE) on the real default model with
+    the same small calibration and the same smoke slice of the default suite as `gptq_run`."""
+    from quantize.spec.recipe import DEFAULT_RECIPE
+
+    tmp = tmp_path_factory.mktemp("default-recipe")
+    spec = tmp / "calib.yaml"
+    spec.write_text("name: calib\nbuiltin: wiki\nnum_samples: 8\nseq_len: 256\n")
+    out = tmp / "run"
+    run(RunOptions(recipe=DEFAULT_RECIPE, model="default", dataset=str(spec), out=out,
+                   until="gate", suite="smoke", device="cpu"))
+    return out
+
+
+def _recovery(run_dir: Path, name: str) -> float:
+    ev = json.loads((run_dir / "eval" / "eval.json").read_text())
+    return float(next(m for m in ev["metrics"] if m["name"] == name)["recovery"])
+
+
+def test_the_default_recipe_beats_the_old_symmetric_default(default_recipe_run: Path,
+                                                            gptq_run: Path) -> None:
+    """Issue #15 on a slice: same calibration, same 2,040 tokens, same bits and group size.
+    Measured: gptq-int4-asym 91.1% perplexity recovery, gptq-int4 70.5% (eval/README.md has
+    the full default suite: 88.6% vs 75.2%); the paired noise of this slice is about
+    +-5 points, so a 10-point margin is a real difference, and a regression of the default
+    back to the symmetric min-max grid fails here."""
+    new, old = _recovery(default_recipe_run, "wiki_ppl"), _recovery(gptq_run, "wiki_ppl")
+    assert new >= 0.80, f"default recipe keeps {new:.1%} of perplexity on the smoke slice"
+    assert new >= old + 0.10, f"default {new:.1%} vs gptq-int4 {old:.1%}"
+    gate = json.loads((default_recipe_run / "gate" / "gate.json").read_text())
+    assert gate["verdict"] == "pass", gate
