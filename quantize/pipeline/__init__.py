@@ -77,6 +77,9 @@ class RunOptions:
     # processes for the quantize stage (torchrun, one GPU each); an execution setting like
     # the memory placement, not an input: not part of the stage key
     gpus: int = 1
+    # `quantize eval --engine/--tp/--kv-cache-dtype` (quantize.stages.eval.engine.EngineRequest);
+    # None: the recipe's or suite's eval.engine, else auto
+    eval_engine: Any = None
 
 
 @dataclass
