@@ -27,7 +27,7 @@ def test_auto_picks_vllm_for_a_quantized_kv_cache() -> None:
 
 def test_auto_falls_back_to_hf_for_kv_without_vllm_and_says_so() -> None:
     name, why = E.auto_rule(True, 1 * GB, 10 * GB, "no vLLM environment")
-    assert name == "hf" and "no vLLM environment" in why and "not measured" in why
+    assert name == "hf" and "no vLLM environment" in why and "fake-quantized" in why
 
 
 def test_auto_picks_vllm_when_the_dense_model_does_not_fit() -> None:
@@ -193,3 +193,40 @@ def test_vllm_engine_scores_as_the_hf_engine_and_passes_tp(
     assert got["gk"]["per_example"] == want["gk"]["per_example"]
     assert got["gk"]["n"] == 6
     assert metrics.tail_windows(1100, 512, 384) == [(0, 512, 128), (512, 1024, 128)]
+
+
+# --- the spec: long_perplexity and eval.engine ------------------------------------------------
+def test_long_perplexity_fields_are_checked() -> None:
+    from pydantic import ValidationError
+
+    base = {"name": "l", "kind": "long_perplexity", "direction": "lower_is_better",
+            "builtin": "novel", "seq_len": 2048, "threshold": 0.9}
+    assert MetricSpec(**base).score_from is None  # seq_len // 2 when scored
+    with pytest.raises(ValidationError, match="disjoint; remove `stride`"):
+        MetricSpec(**base, stride=1024)
+    with pytest.raises(ValidationError, match="must be below seq_len"):
+        MetricSpec(**base, score_from=2048)
+    with pytest.raises(ValidationError, match="long_perplexity only"):
+        MetricSpec(**{**base, "kind": "perplexity"}, score_from=10)
+
+
+def test_fp8_kv_recipe_gates_on_long_context_in_vllm_by_default() -> None:
+    from quantize.spec.recipe import load_recipe, suite_for
+
+    recipe = load_recipe("fp8-kv")
+    suite = suite_for(recipe, None)
+    longs = {m.name: m.seq_len for m in suite.metrics if m.kind == "long_perplexity"}
+    assert longs == {"long_ppl_2k": 2048, "long_ppl_4k": 4096, "long_ppl_8k": 8192}
+    assert E.requested_engine(None, recipe.eval.engine, suite.engine) == "auto"
+    assert {m.name: m.threshold for m in suite.metrics}["wiki_ppl"] == 0.97  # recipe's
+
+
+def test_measured_settings_keep_keys_of_runs_made_before_long_perplexity() -> None:
+    from quantize.spec.recipe import load_suite
+    from quantize.stages.eval import engine_key, measured_settings
+
+    settings = measured_settings(load_suite("default"))
+    assert all("score_from" not in m for m in settings["metrics"])
+    assert engine_key(None) is None
+    assert engine_key(E.EngineChoice("hf", "auto", "fits")) is None
+    assert engine_key(E.EngineChoice("vllm", "auto", "kv"))["engine"] == "vllm"

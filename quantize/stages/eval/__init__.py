@@ -180,6 +180,10 @@ def markdown(result: dict[str, Any]) -> str:
         err = f" ± {r['candidate_stderr']:.3f}" if r.get("candidate_stderr") else ""
         lines.append(f"| {r['name']} | {r['n']} | {r['baseline']:.4g} | "
                      f"{r['candidate']:.4g}{err} | {r['recovery']:.2%} | {r['threshold']:.2%} |")
+    for name, tp in result.get("throughput", {}).items():
+        lines.append(f"\n{name}: {tp['engine']} forward throughput baseline "
+                     f"{tp['baseline_tokens_per_s']} tokens/s, candidate "
+                     f"{tp['candidate_tokens_per_s']} tokens/s.")
     t = result["timing"]
     lines += ["", f"Eval time: baseline {t['baseline_s']} s "
               f"({'cached' if result['baseline']['cached'] else 'measured'}), "

@@ -5,9 +5,12 @@
 - `vllm`: each model in its own vLLM process in the vLLM environment (`make vllm-env`), the
   kernels and KV cache vLLM serves with; scores come from prompt log-probabilities
   (quantize.stages.eval.vllm_engine).
-- `auto`: vLLM when the recipe quantizes the KV cache (transformers' eval path does not run a
-  quantized KV cache: docs in eval/README.md), or when the dense model would not fit the
-  memory this host has; otherwise hf.
+- `auto`: vLLM when the recipe quantizes the KV cache, or when the dense model would not fit
+  the memory this host has; otherwise hf. transformers does simulate a compressed-tensors
+  `kv_cache_scheme` (compressed-tensors attaches a QuantizedKVCache to each attention layer
+  that fake-quantizes K and V with the checkpoint's k_scale/v_scale; measured in
+  eval/README.md), but only vLLM stores the cache in FP8 and attends over it with its own
+  kernel, which is what a user deploys.
 
 The choice is made before any model is loaded; `--engine vllm` without a usable vLLM, a
 format this host's vLLM cannot run, or a `--tp` larger than the devices it sees are refused
@@ -98,10 +101,10 @@ def auto_rule(kv_quantized: bool, need: int, free: int, vllm_problem: str | None
     fits = f"{need / GiB:.1f} GiB of {free / GiB:.1f} GiB free"
     if kv_quantized:
         if vllm_problem is None:
-            return "vllm", ("the recipe quantizes the KV cache, which only vLLM runs "
-                            "(transformers evaluates with a dense KV cache)")
+            return "vllm", ("the recipe quantizes the KV cache: vLLM runs the real FP8 cache "
+                            "(transformers only fake-quantizes K/V)")
         return "hf", (f"the recipe quantizes the KV cache, but {vllm_problem}: transformers "
-                      "scores it with a dense KV cache (the KV quantization is not measured)")
+                      "scores it with K/V fake-quantized (compressed-tensors), not vLLM's cache")
     if need > free:
         if vllm_problem is None:
             return "vllm", f"the dense model does not fit in transformers ({fits})"
