@@ -221,7 +221,12 @@ def serving_dtype(candidate: Path, choice: EngineChoice | None) -> str | None:
 
     fmt = support.checkpoint_format(read_config(candidate, error=EvalError))
     need = support.serving_dtype(fmt, choice.device)
-    return need.dtype if need else None
+    if need:
+        return need.dtype
+    # On CPU, bfloat16 for both models: vLLM's CPU backend has no oneDNN float16 matmul on
+    # CPUs without AVX-512-FP16/AMX and falls back to torch's float16 linear ("Failed to
+    # create oneDNN linear"), many times slower; bf16 is the CPU backend's native dtype.
+    return "bfloat16" if choice.device == "cpu" else None
 
 
 def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, device: str,
