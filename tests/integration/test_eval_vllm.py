@@ -99,13 +99,12 @@ def test_vllm_engine_agrees_with_hf_on_baseline_and_fp8_export(
 def test_long_context_metric_runs_with_an_fp8_kv_cache(default_model: Path,
                                                       host: vllm_host.Host,
                                                       tmp_path: Path) -> None:
-    from quantize.stages.eval import vllm_engine
+    from quantize.stages.eval import evaluate, vllm_engine
 
     suite = EvalSuite(name="kv", metrics=[LONG])
     fp8 = vllm_engine.evaluate(default_model, suite, _choice(host, "fp8"), "fp8kv", tmp_path,
-                               kv_cache_dtype="fp8")
+                               dtype="bfloat16", kv_cache_dtype="fp8")
     assert fp8["_vllm"]["kv_cache_dtype"] == "fp8"
-    hf = __import__("quantize.stages.eval", fromlist=["evaluate"]).evaluate(
-        default_model, suite, "cpu", "hf")
+    hf = evaluate(default_model, suite, "cpu", "hf")
     rel = fp8["long_ppl"]["value"] / hf["long_ppl"]["value"] - 1
     assert -0.01 < rel < 0.10, rel  # fp8 KV (scale 1) costs a little, never a lot
