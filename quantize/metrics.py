@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ from quantize.errors import EvalError, first_line
 from quantize.spec.recipe import MetricSpec
 from quantize.stages.calibrate import BUILTIN_TEXT, DATA_DIR, hub_texts
 
-BUILTIN_EVAL_TEXT = {"wiki-eval": BUILTIN_TEXT["wiki-eval"]}  # one table of shipped texts
+# one table of shipped texts; `novel`: a whole novel, for long-context windows (data/README.md)
+BUILTIN_EVAL_TEXT = {"wiki-eval": BUILTIN_TEXT["wiki-eval"], "novel": DATA_DIR / "novel.txt"}
 BIGBENCH_DIR = DATA_DIR / "bigbench"
 
 
@@ -56,24 +58,82 @@ def windows(n_tokens: int, seq_len: int, stride: int) -> list[tuple[int, int, in
     return out
 
 
-def perplexity(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int) -> dict[str, Any]:
-    """Token-level perplexity: exp(mean NLL per predicted token) over the first max_tokens
-    tokens of the text (token perplexity, not lm-eval's word perplexity)."""
-    import torch
+def tail_windows(n_tokens: int, seq_len: int, score_from: int) -> list[tuple[int, int, int]]:
+    """long_perplexity: disjoint full windows of seq_len tokens, each scoring its tokens at
+    positions >= score_from (each has at least score_from tokens of context)."""
+    return [(b, b + seq_len, seq_len - score_from)
+            for b in range(0, n_tokens - seq_len + 1, seq_len)]
 
+
+def token_windows(tokenizer: Any, spec: MetricSpec) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """The token ids and (begin, end, n_scored) windows a perplexity metric scores: the same
+    for every engine (the vLLM engine sends these windows to vLLM)."""
     text = eval_text(spec)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][: spec.max_tokens]
     if len(ids) < spec.seq_len:
         raise EvalError(f"metric {spec.name}: text has {len(ids)} tokens, fewer than seq_len "
                         f"{spec.seq_len}; use more text or a shorter seq_len")
-    stride = spec.stride or spec.seq_len
-    wins = windows(len(ids), spec.seq_len, stride)
+    if spec.kind == "long_perplexity":
+        return ids, tail_windows(len(ids), spec.seq_len, score_from(spec))
+    return ids, windows(len(ids), spec.seq_len, spec.stride or spec.seq_len)
+
+
+def score_from(spec: MetricSpec) -> int:
+    return spec.score_from or spec.seq_len // 2
+
+
+def perplexity_result(spec: MetricSpec, wins: list[tuple[int, int, int]],
+                      nll_sums: list[float], seconds: float) -> dict[str, Any]:
+    """The metric's result from each window's summed NLL over its scored tokens."""
+    counts = [scored for _, _, scored in wins]
+    total = sum(counts)
+    mean_nll = sum(nll_sums) / total
+    settings: dict[str, Any] = {"seq_len": spec.seq_len, "tokens": total}
+    if spec.kind == "long_perplexity":
+        settings.update({"score_from": score_from(spec), "windows": len(wins)})
+    else:
+        settings["stride"] = spec.stride or spec.seq_len
+    return {
+        "value": math.exp(mean_nll),
+        "mean_nll": mean_nll,
+        "per_window_nll": [s / c for s, c in zip(nll_sums, counts, strict=True)],
+        "window_tokens": counts,
+        "n": total,
+        "tokens_per_s": round(sum(e - b for b, e, _ in wins) / seconds, 1),
+        "seconds": round(seconds, 2),
+        "settings": settings,
+    }
+
+
+def _long_nll(model: Any, all_ids: Any, wins: list[tuple[int, int, int]]) -> list[float]:
+    """One window at a time, logits only for the scored positions (an 8k window's full
+    [seq, vocab] logits would be 1.6 GB in fp32)."""
+    import torch
+
+    device = next(model.parameters()).device
+    sums = []
+    for b, e, scored in wins:
+        inp = all_ids[b:e].unsqueeze(0).to(device)
+        logits = model(input_ids=inp, logits_to_keep=scored + 1).logits[0, :scored]
+        sums.append(float(torch.nn.functional.cross_entropy(
+            logits.float(), inp[0, e - b - scored:], reduction="sum")))
+    return sums
+
+
+def perplexity(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int) -> dict[str, Any]:
+    """Token-level perplexity: exp(mean NLL per predicted token) over the first max_tokens
+    tokens of the text (token perplexity, not lm-eval's word perplexity)."""
+    import torch
+
+    ids, wins = token_windows(tokenizer, spec)
     device = next(model.parameters()).device
     all_ids = torch.tensor(ids, dtype=torch.long)
     nll_sums: list[float] = []
-    counts: list[int] = []
     t0 = time.perf_counter()
     with torch.inference_mode():
+        if spec.kind == "long_perplexity":
+            nll_sums = _long_nll(model, all_ids, wins)
+            return perplexity_result(spec, wins, nll_sums, time.perf_counter() - t0)
         for i in range(0, len(wins), batch_size):
             batch = wins[i : i + batch_size]
             longest = max(e - b for b, e, _ in batch)
@@ -94,21 +154,7 @@ def perplexity(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int) ->
                     logits[j, n - 1 - scored : n - 1].float(),
                     inp[j, n - scored : n].to(device), reduction="sum")
                 nll_sums.append(float(nll))
-                counts.append(scored)
-    seconds = time.perf_counter() - t0
-    total = sum(counts)
-    mean_nll = sum(nll_sums) / total
-    per_window = [s / c for s, c in zip(nll_sums, counts, strict=True)]
-    return {
-        "value": math.exp(mean_nll),
-        "mean_nll": mean_nll,
-        "per_window_nll": per_window,
-        "window_tokens": counts,
-        "n": total,
-        "tokens_per_s": round(sum(e - b for b, e, _ in wins) / seconds, 1),
-        "seconds": round(seconds, 2),
-        "settings": {"seq_len": spec.seq_len, "stride": stride, "tokens": total},
-    }
+    return perplexity_result(spec, wins, nll_sums, time.perf_counter() - t0)
 
 
 # --- multiple choice via lm-eval ----------------------------------------------------------
@@ -169,18 +215,79 @@ def _prepare_task(spec: MetricSpec, workdir: Path) -> tuple[str, Path | None]:
     return name, tdir
 
 
+# (sequence, score_from) -> per-token (log-probability, rank) from score_from on
+TokenScorer = Callable[[list[list[int]], list[int]], list[tuple[list[float], list[int]]]]
+
+
+def token_lm(tokenizer: Any, scorer: TokenScorer, max_length: int) -> Any:
+    """An lm-eval model whose log-likelihoods come from `scorer` (the vLLM engine's prompt
+    log-probabilities). lm-eval's TemplateLM turns each (context, choice) into token ids as
+    HFLM does (trailing context spaces moved to the choice, whole string encoded then split;
+    BOS/EOS as the context of an empty one); `_loglikelihood_tokens` then sums the choice's
+    log-probabilities over HFLM's window (the last max_length + 1 tokens), and a choice is
+    greedy when each of its tokens has rank 1: HFLM's arithmetic, another engine's numbers."""
+    from lm_eval.api.model import TemplateLM
+
+    class TokenLM(TemplateLM):
+        backend = "causal"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.tokenizer = tokenizer
+
+        @property
+        def eot_token_id(self) -> int:
+            return int(tokenizer.eos_token_id)
+
+        @property
+        def prefix_token_id(self) -> int:  # HFLM's: BOS when the tokenizer has one
+            bos = tokenizer.bos_token_id
+            return int(bos if bos is not None else tokenizer.eos_token_id)
+
+        def tok_encode(self, string: str, add_special_tokens: bool | None = None,
+                       **kwargs: Any) -> list[int]:
+            kw = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
+            if add_special_tokens is None and tokenizer.bos_token and string.startswith(
+                    tokenizer.bos_token):
+                kw["add_special_tokens"] = False
+            return list(tokenizer.encode(string, **kw))
+
+        def _loglikelihood_tokens(self, requests: list[Any], **kwargs: Any
+                                  ) -> list[tuple[float, bool]]:
+            seqs, starts = [], []
+            for _, ctx, cont in requests:
+                seq = (ctx + cont)[-(max_length + 1):]
+                seqs.append(seq)
+                starts.append(len(seq) - len(cont))
+            out = []
+            for lps, ranks in scorer(seqs, starts):
+                out.append((float(sum(lps)), all(r == 1 for r in ranks)))
+            return out
+
+        def loglikelihood_rolling(self, requests: Any, disable_tqdm: bool = False) -> Any:
+            raise EvalError("the vLLM engine scores multiple-choice tasks only")
+
+        def generate_until(self, requests: Any, disable_tqdm: bool = False) -> Any:
+            raise EvalError("the vLLM engine scores multiple-choice tasks only")
+
+    return TokenLM()
+
+
 def multiple_choice(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int,
-                    workdir: Path) -> dict[str, Any]:
+                    workdir: Path, lm: Any = None) -> dict[str, Any]:
+    """Accuracy through lm-eval: `model` via HFLM, or `lm` (a token_lm) when given."""
     import logging
 
     from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     task, include = _prepare_task(spec, workdir)
     manager = TaskManager(include_path=str(include) if include else None)
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    if lm is None:
+        from lm_eval.models.huggingface import HFLM
+
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
     t0 = time.perf_counter()
     try:
         out = simple_evaluate(model=lm, tasks=[task], task_manager=manager,

@@ -142,8 +142,8 @@ def sdpa_in_traced_layers(model: Any, enabled: bool) -> Iterator[None]:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
 
-    mod.eager_attention_forward = attention
+    mod.eager_attention_forward = attention  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        mod.eager_attention_forward = orig
+        mod.eager_attention_forward = orig  # type: ignore[attr-defined]

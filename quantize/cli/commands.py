@@ -78,7 +78,8 @@ def _finish(pipe: Any) -> None:
                          f"not releasable (details: {pipe.run_dir / 'gate' / 'gate.md'})")
 
 
-def _run_folder(run_dir: Path, until: str, suite: str | None, rerun: tuple[str, ...]) -> None:
+def _run_folder(run_dir: Path, until: str, suite: str | None, rerun: tuple[str, ...],
+                eval_engine: Any = None) -> None:
     """Continue an existing run folder up to `until`, with the recipe and model it used."""
     from quantize.errors import QuantizeError
     from quantize.pipeline import RunOptions, run
@@ -91,7 +92,8 @@ def _run_folder(run_dir: Path, until: str, suite: str | None, rerun: tuple[str, 
     opts = RunOptions(recipe=m.recipe.ref or m.recipe.name, model=m.model.source,
                       dataset=m.dataset, out=run_dir, device=m.device or "auto", until=until,
                       suite=suite, rerun=rerun,
-                      tp=int((m.preflight or {}).get("tp", 1)))  # the tp the run was checked for
+                      tp=int((m.preflight or {}).get("tp", 1)),  # the tp the run was checked for
+                      eval_engine=eval_engine)
     _finish(run(opts))
 
 
@@ -121,47 +123,49 @@ _stage_command("export", "Everything up to the vLLM-loadable checkpoint in <run>
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--suite", default=None, help="eval suite name or YAML (default: the recipe's)")
 @click.option("--rerun", is_flag=True, help="measure again even if nothing changed")
-@click.option("--engine", type=click.Choice(["transformers", "vllm"]), default="transformers",
-              show_default=True, help="what scores the suite (vllm: not built yet)")
+@click.option("--engine", type=click.Choice(["hf", "vllm", "auto", "transformers"]),
+              default=None, help="what scores the suite: hf (transformers + lm-eval), vllm "
+              "(the vLLM environment, one process per model) or auto (vLLM when the recipe "
+              "quantizes the KV cache or the dense model does not fit in memory) [default: the "
+              "recipe's or suite's eval.engine, else auto]")
 @click.option("--tp", "eval_tp", type=click.IntRange(min=1), default=1, show_default=True,
-              help="tensor-parallel size for --engine vllm")
+              help="tensor-parallel size for --engine vllm (refused when larger than the "
+                   "devices vLLM sees)")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8", "bfloat16", "float16"]),
+              default="auto", show_default=True,
+              help="vLLM KV-cache dtype for the candidate (auto: the checkpoint's, fp8 when "
+                   "it declares a kv_cache_scheme); the baseline always runs with its own")
+@click.option("--vllm-python", default=None,
+              help="python of the vLLM environment (default .venv-vllm/bin/python)")
 @click.option("--out", "out", type=click.Path(path_type=Path), default=None,
               help="for a checkpoint folder: where eval/gate reports go (default: "
                    "<checkpoint>-eval)")
 @handle_errors
-def eval_cmd(run_dir: Path, suite: str | None, rerun: bool, engine: str, eval_tp: int,
-             out: Path | None) -> None:
+def eval_cmd(run_dir: Path, suite: str | None, rerun: bool, engine: str | None, eval_tp: int,
+             kv_cache_dtype: str, vllm_python: str | None, out: Path | None) -> None:
     """Perplexity and accuracy of RUN_DIR's export vs its baseline, with recovery per metric
     (runs the stages before it first if they are not finished). RUN_DIR may also be an
     export folder on its own: it is then evaluated and gated, reports in --out."""
-    from quantize.errors import NotImplementedFeature, QuantizeError
+    from quantize.stages.eval.engine import EngineRequest
 
-    if engine == "vllm":
-        raise NotImplementedFeature(
-            "quantize eval --engine vllm is not built: the suites are scored by transformers "
-            "and lm-eval (strided-window perplexity, log-likelihood multiple choice), and "
-            "scoring them in vLLM needs prompt log-probabilities for every window and lm-eval's "
-            "vllm backend in the vLLM environment, which are not wired up; for a "
-            f"tensor-parallel vLLM check of the export run `quantize verify {run_dir} --tp "
-            f"{eval_tp}`")
-    if eval_tp != 1:
-        raise QuantizeError("--tp applies to --engine vllm only; transformers evaluates on "
-                            "one device")
+    req = EngineRequest("hf" if engine == "transformers" else engine, eval_tp, kv_cache_dtype,
+                        vllm_python)
+    req.check()
     from quantize.pipeline.checkpoint import is_checkpoint
 
     if is_checkpoint(run_dir):  # an export folder, not a run folder
-        _checkpoint_eval(run_dir, suite, out)
+        _checkpoint_eval(run_dir, suite, out, req)
         return
-    _run_folder(run_dir, "eval", suite, ("eval",) if rerun else ())
+    _run_folder(run_dir, "eval", suite, ("eval",) if rerun else (), req)
 
 
-def _checkpoint_eval(folder: Path, suite: str | None, out: Path | None) -> None:
+def _checkpoint_eval(folder: Path, suite: str | None, out: Path | None, req: Any) -> None:
     from quantize.errors import GateFailed
     from quantize.pipeline import pick_device
     from quantize.pipeline.checkpoint import evaluate
 
     dest = out or folder.with_name(folder.name + "-eval")
-    s = evaluate(folder, suite, dest, pick_device("auto"))
+    s = evaluate(folder, suite, dest, pick_device("auto"), req)
     click.echo((dest / "gate.md").read_text())
     click.echo(f"reports: {dest}")
     if s["gate"]["verdict"] != "pass":

@@ -91,6 +91,9 @@ class RunOptions:
     gpus: int = 1
     no_disk_check: bool = False  # skip the disk pre-check (quantize.pipeline.disk)
     gpu: str | None = None  # the GPU the export is for (--gpu): pre-flight's format warnings
+    # `quantize eval --engine/--tp/--kv-cache-dtype` (quantize.stages.eval.engine.EngineRequest);
+    # None: the recipe's or suite's eval.engine, else auto
+    eval_engine: Any = None
 
 
 @dataclass

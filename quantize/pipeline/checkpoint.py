@@ -7,6 +7,7 @@ recipe's thresholds. Writes eval.json/eval.md and gate.json/gate.md into `out`.
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from quantize.run.manifest import MANIFEST, read_export_manifest, versions
 from quantize.spec.recipe import Recipe, load_recipe, suite_for
 from quantize.stages import eval as eval_stage
 from quantize.stages import gate as gate_stage
+from quantize.stages.eval.engine import EngineRequest, choose, requested_engine
 
 
 def is_checkpoint(folder: Path) -> bool:
@@ -33,7 +35,8 @@ def _recipe(folder: Path, name: str) -> Recipe:
         return load_recipe(str(named))
 
 
-def evaluate(folder: Path, suite_name: str | None, out: Path, device: str) -> dict[str, Any]:
+def evaluate(folder: Path, suite_name: str | None, out: Path, device: str,
+             engine: EngineRequest | None = None) -> dict[str, Any]:
     if not is_checkpoint(folder) or not (folder / MANIFEST).is_file():
         raise EvalError(f"{folder} is neither a run folder nor an export of one (no "
                         "config.json + manifest.json); give runs/<model>-<recipe> or its export/")
@@ -46,8 +49,13 @@ def evaluate(folder: Path, suite_name: str | None, out: Path, device: str) -> di
         raise EvalError(f"the baseline model {manifest.model.source} changed since this "
                         "checkpoint was made (fingerprint differs); evaluate against the model it "
                         "came from")
-    suite = suite_for(_recipe(folder, manifest.recipe.name), suite_name)
+    recipe = _recipe(folder, manifest.recipe.name)
+    suite = suite_for(recipe, suite_name)
+    req = engine or EngineRequest()
+    req = replace(req, engine=requested_engine(req.engine, recipe.eval.engine, suite.engine))
+    choice = choose(req, folder, model.path, recipe.kv_cache is not None, device)
     with atomic_dir(out) as tmp:
-        result = eval_stage.run(folder, model.path, fingerprint, suite, device, versions(), tmp)
+        result = eval_stage.run(folder, model.path, fingerprint, suite, device, versions(), tmp,
+                                choice)
         verdict = gate_stage.run(gate_stage.read_eval(tmp), tmp)
     return {**result, "gate": verdict}

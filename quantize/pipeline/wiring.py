@@ -23,6 +23,7 @@ Plan = tuple[dict[str, Any], Execute]
 class Options(Protocol):
     dataset: str | None
     gpus: int
+    eval_engine: Any  # quantize.stages.eval.engine.EngineRequest | None
 
 
 class Pipeline(Protocol):
@@ -138,19 +139,30 @@ def export(pipe: Pipeline) -> Plan:
 
 
 def eval(pipe: Pipeline) -> Plan:
+    from dataclasses import replace
+
     from quantize.errors import EvalError
     from quantize.stages import eval as stage
+    from quantize.stages.eval.engine import EngineRequest, choose, requested_engine
 
     suite = pipe.suite()
+    export = pipe.run_dir / "export"
+    # the engine is chosen before anything loads (and refused here: no vLLM, --tp too large)
+    req = pipe.opts.eval_engine or EngineRequest()
+    req = replace(req, engine=requested_engine(req.engine, pipe.recipe.eval.engine,
+                                               suite.engine))
+    choice = choose(req, export, pipe.model.path, pipe.recipe.kv_cache is not None,
+                    pipe.device)
     inputs = {"export": pipe.keys["export"], "suite": stage.measured_settings(suite),
               "device": pipe.device}
+    if (engine := stage.engine_key(choice)) is not None:  # absent: hf
+        inputs["engine"] = engine
 
     def execute(out: Path) -> dict[str, Any]:
-        export = pipe.run_dir / "export"
         if not export.is_dir():
             raise EvalError(f"{export} is missing; run the export stage first")
         return stage.run(export, pipe.model.path, pipe.fingerprint(), suite,
-                         pipe.device, pipe.manifest["versions"], out)
+                         pipe.device, pipe.manifest["versions"], out, choice)
 
     return inputs, execute
 

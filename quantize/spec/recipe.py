@@ -73,16 +73,17 @@ class CalibrationSpec(Strict):
 
 # --- eval suites -----------------------------------------------------------------------
 Direction = Literal["lower_is_better", "higher_is_better"]
+EngineName = Literal["hf", "vllm", "auto"]  # what scores a suite (quantize.stages.eval)
 
 
 class MetricSpec(Strict):
     name: Name
-    kind: Literal["perplexity", "multiple_choice"]
+    kind: Literal["perplexity", "long_perplexity", "multiple_choice"]
     direction: Direction
     threshold: float = Field(gt=0.0, le=2.0, description="minimum recovery (1.0 = no loss)")
     on_fail: Literal["block", "warn"] = "block"
     # perplexity
-    builtin: Literal["wiki-eval"] | None = None
+    builtin: Literal["wiki-eval", "novel"] | None = None
     path: str | None = None
     hub: str | None = None
     subset: str | None = None
@@ -91,6 +92,10 @@ class MetricSpec(Strict):
     max_tokens: int = Field(default=16_384, ge=64)
     seq_len: int = Field(default=512, ge=16)
     stride: int | None = Field(default=None, ge=1)
+    # long_perplexity: disjoint seq_len windows, scoring only positions >= score_from
+    score_from: int | None = Field(
+        default=None, ge=1, description="long_perplexity: first scored position in each window "
+        "(default seq_len // 2): only tokens with at least this much context count")
     # multiple choice (lm-eval)
     task: str | None = Field(
         default=None,
@@ -103,7 +108,15 @@ class MetricSpec(Strict):
 
     @model_validator(mode="after")
     def _kind_fields(self) -> MetricSpec:
-        if self.kind == "perplexity":
+        if self.kind == "long_perplexity":
+            if self.stride is not None:
+                raise ValueError("long_perplexity windows are disjoint; remove `stride`")
+            if self.score_from is not None and self.score_from >= self.seq_len:
+                raise ValueError(f"score_from {self.score_from} must be below seq_len "
+                                 f"{self.seq_len}")
+        elif self.score_from is not None:
+            raise ValueError("score_from applies to kind long_perplexity only; remove it")
+        if self.kind in ("perplexity", "long_perplexity"):
             if self.direction != "lower_is_better":
                 raise ValueError("perplexity is lower_is_better; set direction accordingly")
             if sum(x is not None for x in (self.builtin, self.path, self.hub)) != 1:
@@ -123,6 +136,10 @@ class EvalSuite(Strict):
     name: Name
     description: str = ""
     batch_size: int = Field(default=8, ge=1, le=1024)
+    engine: EngineName | None = Field(
+        default=None, description="what scores the suite: hf (transformers + lm-eval), vllm "
+        "(prompt log-probabilities in the vLLM environment) or auto; a recipe's eval.engine "
+        "and `quantize eval --engine` override it")
     metrics: list[MetricSpec] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -138,6 +155,9 @@ class EvalRef(Strict):
     suite: Name = "default"
     thresholds: dict[str, Annotated[float, Field(gt=0.0, le=2.0)]] = Field(
         default_factory=dict, description="per-metric minimum recovery; may only tighten")
+    engine: EngineName | None = Field(
+        default=None, description="what scores the eval (hf, vllm, auto); overrides the suite's, "
+        "`quantize eval --engine` overrides this")
 
 
 # --- recipes ---------------------------------------------------------------------------

@@ -11,6 +11,9 @@ The request is JSON (a file, or `-` for stdin); the result is JSON written atomi
 - `generate`: load `model` in vLLM, decode greedily from the given token-id prompts, and
   return the generated ids with the log-probability of each chosen token and the top-k, the
   quantization method vLLM picked, and the scheme/kernel classes it bound to each layer.
+- `score`: load `model` and return, for each token-id sequence, the log-probability (and
+  rank) of each of its tokens from position `score_from` on, given the tokens before it: the
+  prompt log-probabilities eval's perplexity and multiple-choice scoring are computed from.
 
 The exit status is 0 when the result says `ok: true`. On failure the result holds vLLM's own
 error line. One process per checkpoint: after a failed load vLLM's global state is not
@@ -146,26 +149,15 @@ def _count(table: dict[str, dict[str, Any]], key: str, name: str) -> None:
 
 
 def generate(req: dict[str, Any]) -> dict[str, Any]:
-    # The CPU backend sizes its KV cache from this (GiB); it refuses to start without it.
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(req.get("kv_cache_space_gib", 1)))
     if int(req.get("tp", 1)) > 1:
         # With several workers describe_model travels to them pickled.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    kwargs: dict[str, Any] = {
-        "model": req["model"], "tokenizer": req["model"],
-        "tensor_parallel_size": int(req.get("tp", 1)),
-        "kv_cache_dtype": req.get("kv_cache_dtype", "auto"),
-        "max_model_len": int(req.get("max_model_len", 512)),
-        "enforce_eager": bool(req.get("enforce_eager", True)),
-        "seed": 0, "dtype": req.get("dtype", "auto"),
-    }
-    kwargs.update(req.get("engine_args", {}))
     t0 = time.perf_counter()
-    llm = LLM(**kwargs)
+    llm, kwargs = _engine(req)
     load_s = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, max_tokens=int(req["max_tokens"]),
                             logprobs=int(req.get("logprobs", 5)), ignore_eos=True)
@@ -198,7 +190,83 @@ def generate(req: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-OPS = {"probe": probe, "generate": generate}
+def _engine(req: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """An LLM built from the request's engine settings (shared by generate and score)."""
+    # The CPU backend sizes its KV cache from this (GiB); it refuses to start without it.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(req.get("kv_cache_space_gib", 1)))
+    from vllm import LLM
+
+    kwargs: dict[str, Any] = {
+        "model": req["model"], "tokenizer": req["model"],
+        "tensor_parallel_size": int(req.get("tp", 1)),
+        "kv_cache_dtype": req.get("kv_cache_dtype", "auto"),
+        "max_model_len": int(req.get("max_model_len", 512)),
+        "enforce_eager": bool(req.get("enforce_eager", True)),
+        "seed": 0, "dtype": req.get("dtype", "auto"),
+    }
+    kwargs.update(req.get("engine_args", {}))
+    return LLM(**kwargs), kwargs
+
+
+def _score_group(llm: Any, seqs: list[list[int]], starts: list[int]) -> list[dict[str, Any]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=s[:-1]) for s in seqs]
+    params = [SamplingParams(temperature=0.0, max_tokens=1, logprobs=0, prompt_logprobs=0,
+                             allowed_token_ids=[s[-1]], ignore_eos=True) for s in seqs]
+    results = llm.generate(prompts, params, use_tqdm=False)
+    outputs = []
+    for seq, start, res in zip(seqs, starts, results, strict=True):
+        steps = list(res.prompt_logprobs or [None])  # position 0 has none
+        gen = res.outputs[0]
+        if not gen.token_ids or gen.token_ids[0] != seq[-1] or not gen.logprobs:
+            raise RuntimeError(f"vLLM did not return the forced last token {seq[-1]}")
+        steps.append(gen.logprobs[0])
+        lps, ranks = [], []
+        for pos in range(max(start, 1), len(seq)):
+            entry = steps[pos][seq[pos]]
+            lps.append(float(entry.logprob))
+            ranks.append(int(entry.rank) if entry.rank is not None else -1)
+        outputs.append({"logprobs": lps, "ranks": ranks})
+    return outputs
+
+
+def score(req: dict[str, Any]) -> dict[str, Any]:
+    """Log-probabilities of given tokens, per group of sequences (one group per metric, timed
+    on its own after a warm-up). A sequence of n tokens is sent as its first n-1 (prompt
+    log-probabilities: token i given the tokens before it, from the raw logits) and its last
+    token is forced as the one generated token (`allowed_token_ids`; its log-probability is
+    also from the raw logits, before that restriction: vLLM's default logprobs_mode
+    `raw_logprobs`, v1/sample/sampler.py). So a window may fill every position of
+    max_model_len, which a prompt may not (v1/engine/input_processor.py)."""
+    import vllm
+
+    t0 = time.perf_counter()
+    llm, kwargs = _engine(req)
+    load_s = time.perf_counter() - t0
+    groups = req["groups"]
+    first = next((g["sequences"][0] for g in groups if g["sequences"]), None)
+    if first is not None:  # the first batch pays one-off kernel set-up: keep it off the clock
+        _score_group(llm, [list(map(int, first[:16]))], [1])
+    out_groups = []
+    for g in groups:
+        seqs = [list(map(int, s)) for s in g["sequences"]]
+        t1 = time.perf_counter()
+        outputs = _score_group(llm, seqs, [int(x) for x in g["score_from"]])
+        out_groups.append({"outputs": outputs, "seconds": round(time.perf_counter() - t1, 3),
+                           "tokens": sum(len(s) for s in seqs)})
+    engine = llm.llm_engine
+    mcfg = getattr(getattr(engine, "vllm_config", None), "model_config", None)
+    ccfg = getattr(getattr(engine, "vllm_config", None), "cache_config", None)
+    return {"vllm_version": vllm.__version__, "groups": out_groups, "load_s": round(load_s, 2),
+            "quantization": getattr(mcfg, "quantization", None),
+            "dtype": str(getattr(mcfg, "dtype", "")).replace("torch.", ""),
+            "kv_cache_dtype": str(getattr(ccfg, "cache_dtype", "")),
+            "engine_args": {k: v for k, v in kwargs.items() if k not in ("model", "tokenizer")}}
+
+
+OPS = {"probe": probe, "generate": generate, "score": score}
 
 
 def _write(path: str, data: dict[str, Any]) -> None:

@@ -113,17 +113,6 @@ def test_cli_has_gpus_and_refuses_before_calibration(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "--gpus" in res.output
 
 
-def test_eval_with_vllm_is_refused_with_the_verify_alternative(tmp_path: Path) -> None:
-    from quantize.cli import main
-
-    res = CliRunner().invoke(main, ["eval", str(tmp_path), "--engine", "vllm", "--tp", "2"])
-    assert res.exit_code == 2
-    assert "--engine vllm is not built" in res.output
-    assert f"quantize verify {tmp_path} --tp 2" in " ".join(res.output.split())
-    res = CliRunner().invoke(main, ["eval", str(tmp_path), "--tp", "2"])
-    assert res.exit_code == 2 and "--tp applies to --engine vllm only" in res.output
-
-
 def test_verify_tp_reaches_vllm_tensor_parallel_size(monkeypatch: pytest.MonkeyPatch,
                                                       tmp_path: Path) -> None:
     """`quantize verify --tp N`: the request carries N, the worker hands it to vllm.LLM as

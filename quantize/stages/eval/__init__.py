@@ -1,6 +1,10 @@
 """eval: measure the exported checkpoint (loaded fresh from disk, as users deploy it) and
 the unquantized baseline on the same suite. The baseline's scores are cached per (model
-fingerprint, suite, settings, versions) and reused by every recipe run on that model."""
+fingerprint, suite, settings, versions, engine) and reused by every recipe run on that model.
+
+Two engines score a suite (engine.py says which, and why): `hf` here (transformers + lm-eval
+on a dense model), `vllm` in vllm_engine.py (a vLLM process per model, from prompt
+log-probabilities over the same windows and lm-eval requests)."""
 
 from __future__ import annotations
 
@@ -21,16 +25,25 @@ from quantize.progress import info, step
 from quantize.run.files import atomic_write_json, atomic_write_text, pause_point
 from quantize.run.lock import entry_lock
 from quantize.spec.recipe import EvalSuite, MetricSpec, canonical_hash
+from quantize.stages.eval.engine import EngineChoice
 
 NAME = "eval"
 _PER_ITEM = ("per_window_nll", "per_example")
 
 
 def measured_settings(suite: EvalSuite) -> dict[str, Any]:
-    """What changes the numbers (not the thresholds, which only the gate uses)."""
+    """What changes the numbers (not the thresholds, which only the gate uses; not the
+    suite's engine field, which the engine choice replaces). A field added later is left out
+    while unset, so existing keys stay valid."""
     return {"batch_size": suite.batch_size,
-            "metrics": [m.model_dump(mode="json", exclude={"threshold", "on_fail"})
-                        for m in suite.metrics]}
+            "metrics": [m.model_dump(mode="json", exclude={"threshold", "on_fail"} | (
+                {"score_from"} if m.score_from is None else set())) for m in suite.metrics]}
+
+
+def engine_key(choice: EngineChoice | None) -> dict[str, Any] | None:
+    """The engine's part of the eval stage key and the baseline cache key: None for hf (the
+    keys of runs made before engines existed stay valid), the vLLM settings otherwise."""
+    return None if choice is None or choice.name == "hf" else choice.key()
 
 
 def load_model(path: Path, device: str) -> tuple[Any, Any]:
@@ -89,7 +102,7 @@ def evaluate(path: Path, suite: EvalSuite, device: str, label: str) -> dict[str,
         with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as work:
             for spec in suite.metrics:
                 with step(f"{label}: {spec.name}"):
-                    if spec.kind == "perplexity":
+                    if spec.kind != "multiple_choice":
                         results[spec.name] = metrics.perplexity(model, tok, spec,
                                                                 suite.batch_size)
                     else:
@@ -103,13 +116,28 @@ def evaluate(path: Path, suite: EvalSuite, device: str, label: str) -> dict[str,
     return results
 
 
+def score(path: Path, suite: EvalSuite, device: str, label: str, engine: Engine
+          ) -> dict[str, Any]:
+    """The suite on one model, by the chosen engine."""
+    if engine.choice.name == "hf":
+        return evaluate(path, suite, device, label)
+    from quantize.stages.eval import vllm_engine
+
+    kv = engine.choice.kv_cache_dtype if label == "candidate" else "auto"
+    return vllm_engine.evaluate(path, suite, engine.choice, label, engine.logs,
+                                dtype=engine.dtype, kv_cache_dtype=kv)
+
+
 def baseline(model_path: Path, fingerprint: str, suite: EvalSuite, device: str,
-             versions: dict[str, str]) -> tuple[dict[str, Any], bool]:
+             versions: dict[str, str], engine: Engine) -> tuple[dict[str, Any], bool]:
     """The baseline's results, from the cache when the same model/suite/settings ran before."""
     from quantize.model.source import cache_root
 
-    key = canonical_hash({"model": fingerprint, "settings": measured_settings(suite),
-                          "device": device, "versions": versions})
+    parts = {"model": fingerprint, "settings": measured_settings(suite),
+             "device": device, "versions": versions}
+    if (ek := engine_key(engine.choice)) is not None:
+        parts["engine"] = {**ek, "dtype": engine.dtype}
+    key = canonical_hash(parts)
     path = cache_root() / "baselines" / f"{key}.json"
     # one process measures an entry; another run of the same baseline waits, then reads it
     with entry_lock(path.parent / f".{path.name}.lock", what=f"measuring the baseline {key[:16]}"):
@@ -117,7 +145,7 @@ def baseline(model_path: Path, fingerprint: str, suite: EvalSuite, device: str,
             info(f"[dim]baseline scores from cache {path.name[:16]}[/dim]")
             cached: dict[str, Any] = json.loads(path.read_text())
             return cached, True
-        results = evaluate(model_path, suite, device, "baseline")
+        results = score(model_path, suite, device, "baseline", engine)
         atomic_write_json(path, results)
     return results, False
 
@@ -125,7 +153,7 @@ def baseline(model_path: Path, fingerprint: str, suite: EvalSuite, device: str,
 def _diff_se(spec: MetricSpec, base: dict[str, Any], cand: dict[str, Any]) -> float | None:
     from quantize.stages.gate import paired_se
 
-    key = "per_window_nll" if spec.kind == "perplexity" else "per_example"
+    key = "per_example" if spec.kind == "multiple_choice" else "per_window_nll"
     if key not in base or key not in cand:
         return None
     return paired_se(base[key], cand[key])
@@ -152,7 +180,8 @@ def compare(suite: EvalSuite, base: dict[str, Any], cand: dict[str, Any]) -> lis
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"# Eval: suite `{result['suite']}`", "",
              f"Candidate `{result['candidate']['path']}` vs baseline "
-             f"`{result['baseline']['path']}` on {result['device']}.", "",
+             f"`{result['baseline']['path']}` on {result['device']}, scored by "
+             f"{_engine_line(result.get('engine'))}.", "",
              "| metric | n | baseline | candidate | recovery | threshold |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in result["metrics"]:
@@ -162,6 +191,10 @@ def markdown(result: dict[str, Any]) -> str:
     for r in result["metrics"]:
         if r["name"] == "expert_coverage":  # MoE exports (quantize/metrics.py)
             lines += ["", *expert_coverage_lines(r)]
+    for name, tp in result.get("throughput", {}).items():
+        lines.append(f"\n{name}: {tp['engine']} forward throughput baseline "
+                     f"{tp['baseline_tokens_per_s']} tokens/s, candidate "
+                     f"{tp['candidate_tokens_per_s']} tokens/s.")
     t = result["timing"]
     lines += ["", f"Eval time: baseline {t['baseline_s']} s "
               f"({'cached' if result['baseline']['cached'] else 'measured'}), "
@@ -174,21 +207,63 @@ def _moe_rows(export: Path) -> list[dict[str, Any]]:
     return [row] if row is not None else []
 
 
+def _engine_line(engine: dict[str, Any] | None) -> str:
+    if not engine or engine["name"] == "hf":
+        return "transformers" + (f" ({engine['reason']})" if engine else "")
+    kv = engine["kv_cache_dtype"]
+    return (f"vLLM {engine.get('vllm_version') or ''} (tp {engine['tp']}, candidate KV cache "
+            f"{kv}; {engine['reason']})")
+
+
 def _strip(results: dict[str, Any]) -> dict[str, Any]:
     """Per-item lists stay in the baseline cache; eval.json keeps summaries."""
     return {k: {f: v for f, v in r.items() if f not in _PER_ITEM} for k, r in results.items()}
 
 
+class Engine:
+    """The chosen engine with what scoring needs: where worker logs go and the --dtype vLLM
+    serves both models at (the candidate's need on this host, e.g. bf16 for INT8 on CPU)."""
+
+    def __init__(self, choice: EngineChoice | None, logs: Path, dtype: str | None = None):
+        self.choice = choice or EngineChoice("hf", "hf", "the default engine")
+        self.logs = logs
+        self.dtype = dtype
+
+
+def serving_dtype(candidate: Path, choice: EngineChoice | None) -> str | None:
+    if choice is None or choice.name != "vllm":
+        return None
+    from quantize.vllm import support
+
+    fmt = support.checkpoint_format(read_config(candidate, error=EvalError))
+    need = support.serving_dtype(fmt, choice.device)
+    if need:
+        return need.dtype
+    # On CPU, bfloat16 for both models: vLLM's CPU backend has no oneDNN float16 matmul on
+    # CPUs without AVX-512-FP16/AMX and falls back to torch's float16 linear ("Failed to
+    # create oneDNN linear"), many times slower; bf16 is the CPU backend's native dtype.
+    return "bfloat16" if choice.device == "cpu" else None
+
+
 def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, device: str,
-        versions: dict[str, str], out: Path) -> dict[str, Any]:
+        versions: dict[str, str], out: Path, choice: EngineChoice | None = None
+        ) -> dict[str, Any]:
+    engine = Engine(choice, out / "logs", serving_dtype(candidate, choice))
+    c = engine.choice
+    info(f"eval engine: {c.name} ({c.reason})")
     t0 = time.perf_counter()
-    base, cached = baseline(base_path, fingerprint, suite, device, versions)
+    base, cached = baseline(base_path, fingerprint, suite, device, versions, engine)
     pause_point("eval:baseline")  # tests kill the run between baseline and candidate
     t1 = time.perf_counter()
-    cand = evaluate(candidate, suite, device, "candidate")
+    cand = score(candidate, suite, device, "candidate", engine)
     t2 = time.perf_counter()
+    engine_info = {**c.to_dict(), "serve_dtype": engine.dtype,
+                   "vllm": {"baseline": base.pop("_vllm", None),
+                            "candidate": cand.pop("_vllm", None)} if c.name == "vllm" else None}
+    engine_info.pop("vllm_python")
     result: dict[str, Any] = {
         "suite": suite.name, "suite_sha256": canonical_hash(suite), "device": device,
+        "engine": engine_info, "throughput": throughput(suite, base, cand, c.name),
         "baseline": {"path": str(base_path), "fingerprint": fingerprint, "cached": cached,
                      "results": _strip(base)},
         "candidate": {"path": str(candidate), "results": _strip(cand)},
@@ -202,4 +277,18 @@ def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, de
            for r in result["metrics"] if r["name"] == "expert_coverage"}  # the manifest's copy
     return {"metrics": {r["name"]: {"baseline": r["baseline"], "candidate": r["candidate"],
                                     "recovery": r["recovery"]} for r in result["metrics"]},
-            **moe}
+            **moe,
+            "engine": {"name": c.name, "requested": c.requested, "reason": c.reason,
+                       "tp": c.tp, "kv_cache_dtype": c.kv_cache_dtype}}
+
+
+def throughput(suite: EvalSuite, base: dict[str, Any], cand: dict[str, Any], engine: str
+               ) -> dict[str, Any]:
+    """Tokens/s of the engine on each perplexity metric's windows (forward passes only)."""
+    out = {}
+    for spec in suite.metrics:
+        if spec.kind != "multiple_choice":
+            out[spec.name] = {"engine": engine,
+                              "baseline_tokens_per_s": base[spec.name].get("tokens_per_s"),
+                              "candidate_tokens_per_s": cand[spec.name].get("tokens_per_s")}
+    return out

@@ -1,0 +1,137 @@
+"""The vLLM engine of eval: one vLLM process (the worker's `score` op, in the vLLM
+environment) per model scores every metric of the suite from prompt log-probabilities.
+
+- perplexity / long_perplexity: the same token windows as the hf engine
+  (quantize.metrics.token_windows); a window's NLL is minus the sum of its scored tokens'
+  log-probabilities; the same result fields (quantize.metrics.perplexity_result).
+- multiple choice: lm-eval builds the requests as for the hf engine and a TemplateLM
+  (quantize.metrics.token_lm) turns them into token ids the way HFLM does. lm-eval asks for
+  all log-likelihoods of a task at once, and vLLM runs in another process, so each task is
+  run twice: a first pass records the token sequences (answering zeros), vLLM scores them
+  with everything else in one process, and a second pass answers from those scores.
+
+Each metric is one timed group in the worker, so `tokens_per_s` is vLLM's on those windows.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from quantize.errors import EvalError
+from quantize.progress import info, step
+from quantize.spec.recipe import EvalSuite, MetricSpec
+from quantize.stages.eval.engine import EngineChoice
+
+TIMEOUT_S = 3600
+Key = tuple[tuple[int, ...], int]
+
+
+def _windows(tok: Any, spec: MetricSpec) -> tuple[list[list[int]], list[int], Any]:
+    from quantize import metrics
+
+    ids, wins = metrics.token_windows(tok, spec)
+    return [ids[b:e] for b, e, _ in wins], [e - b - s for b, e, s in wins], wins
+
+
+def _collect(tok: Any, spec: MetricSpec, max_length: int, work: Path) -> list[Key]:
+    """The (sequence, score_from) pairs lm-eval will ask about for this task."""
+    from quantize import metrics
+
+    seen: list[Key] = []
+
+    def record(seqs: list[list[int]], starts: list[int]) -> list[tuple[list[float], list[int]]]:
+        seen.extend((tuple(s), st) for s, st in zip(seqs, starts, strict=True))
+        return [([0.0], [1]) for _ in seqs]
+
+    metrics.multiple_choice(None, tok, spec, 1, work, lm=metrics.token_lm(tok, record,
+                                                                           max_length))
+    return list(dict.fromkeys(seen))
+
+
+def request(model: Path, choice: EngineChoice, groups: list[dict[str, Any]],
+            dtype: str | None, kv_cache_dtype: str) -> dict[str, Any]:
+    """The worker's score request (one per model)."""
+    longest = max((len(s) for g in groups for s in g["sequences"]), default=16)
+    req: dict[str, Any] = {"op": "score", "model": str(model.resolve()), "groups": groups,
+                           "tp": choice.tp, "kv_cache_dtype": kv_cache_dtype,
+                           "max_model_len": longest, "enforce_eager": True}
+    if dtype:
+        req["dtype"] = dtype
+    if choice.device == "cpu":
+        req["kv_cache_space_gib"] = 1
+    return req
+
+
+def evaluate(path: Path, suite: EvalSuite, choice: EngineChoice, label: str, workdir: Path,
+             *, dtype: str | None = None, kv_cache_dtype: str = "auto") -> dict[str, Any]:
+    """Every metric of the suite on the model at `path`, scored by vLLM."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from quantize import metrics
+    from quantize.model.config import read_config
+    from quantize.vllm import host as vhost
+
+    assert choice.vllm_python is not None
+    tok = AutoTokenizer.from_pretrained(path)
+    max_length = int(read_config(path, error=EvalError).get("max_position_embeddings") or 2048)
+    groups: list[dict[str, Any]] = []
+    plans: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
+        work = Path(tmp)
+        for spec in suite.metrics:
+            if spec.kind == "multiple_choice":
+                keys = _collect(tok, spec, max_length, work / "collect")
+                seqs, starts = [list(k[0]) for k in keys], [k[1] for k in keys]
+                plans[spec.name] = keys
+            else:
+                seqs, starts, wins = _windows(tok, spec)
+                if max(len(s) for s in seqs) > max_length:
+                    raise EvalError(f"metric {spec.name}: seq_len {spec.seq_len} exceeds the "
+                                    f"model's {max_length} positions; use a shorter seq_len")
+                plans[spec.name] = wins
+            groups.append({"name": spec.name, "sequences": seqs, "score_from": starts})
+        req = request(path, choice, groups, dtype, kv_cache_dtype)
+        with step(f"{label}: scoring {sum(len(g['sequences']) for g in groups)} sequences "
+                  f"in vLLM (tp {choice.tp}, kv cache {kv_cache_dtype})"):
+            res = vhost.run_worker(Path(choice.vllm_python), req, workdir, label, TIMEOUT_S)
+        if not res.get("ok"):
+            raise EvalError(f"vLLM could not score the {label} ({path}): {res.get('error')} "
+                            f"(log: {res.get('log')}); use --engine hf")
+        results: dict[str, Any] = {}
+        for spec, group in zip(suite.metrics, res["groups"], strict=True):
+            outs = [(o["logprobs"], o["ranks"]) for o in group["outputs"]]
+            if spec.kind == "multiple_choice":
+                r = _replay(tok, spec, max_length, plans[spec.name], outs, work / "replay")
+            else:
+                nll = [-sum(lps) for lps, _ in outs]
+                r = metrics.perplexity_result(spec, plans[spec.name], nll, group["seconds"])
+            r["seconds"] = group["seconds"]  # vLLM's time on this metric's sequences
+            results[spec.name] = r
+            info(f"    {spec.name} = {r['value']:.4g} (n={r['n']}, vLLM {group['seconds']}s)")
+    results["_vllm"] = {k: res.get(k) for k in ("vllm_version", "quantization", "dtype",
+                                                "kv_cache_dtype", "load_s", "engine_args")}
+    return results
+
+
+def _replay(tok: Any, spec: MetricSpec, max_length: int, keys: list[Key],
+            outs: list[tuple[list[float], list[int]]], work: Path) -> dict[str, Any]:
+    from quantize import metrics
+
+    table = dict(zip(keys, outs, strict=True))
+
+    def answer(seqs: list[list[int]], starts: list[int]) -> list[tuple[list[float], list[int]]]:
+        try:
+            return [table[(tuple(s), st)] for s, st in zip(seqs, starts, strict=True)]
+        except KeyError:
+            raise EvalError(f"metric {spec.name}: lm-eval asked for a sequence it did not ask "
+                            "for in the first pass (a non-deterministic task?)") from None
+
+    t0 = time.perf_counter()
+    r: dict[str, Any] = metrics.multiple_choice(None, tok, spec, 1, work,
+                                                lm=metrics.token_lm(tok, answer, max_length))
+    r["seconds"] = round(time.perf_counter() - t0, 2)
+    return r
