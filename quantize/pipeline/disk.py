@@ -26,10 +26,12 @@ from quantize.checks.resources import DiskNeed
 KiB = 1024
 _WEIGHT_SUFFIX = ".safetensors"
 # allowances for the small files each stage writes (sizes seen: calibration.json 0.6 KB,
-# config.json with its quantization_config 1.7 KB, llm-compressor's log 32 KB, eval.json
-# 1.7 KB, gate.json 0.6 KB, manifest.json 8 KB, a baseline cache entry 0.4-30 KB)
+# config.json with its quantization_config 1.7 KB, llm-compressor's log 10 KB per decoder
+# layer, eval.json 1.7-5.4 KB, gate.json 0.6-2.5 KB, manifest.json 8-11 KB, a baseline
+# cache entry 0.4-4.5 KB)
 _CALIBRATE_EXTRA = 4 * KiB
-_QUANTIZE_EXTRA = 48 * KiB  # quantization_config in config.json, the engine's recipe and log
+_QUANTIZE_EXTRA = 16 * KiB  # quantization_config in config.json, the engine's recipe
+_LOG_PER_LAYER = 10 * KiB  # llm-compressor's log: 32 KB for 2 layers, 313 KB for 30
 _EXPORT_EXTRA = 8 * KiB  # recipe.yaml, manifest.json
 _EVAL = 8 * KiB
 _BASELINE_PER_METRIC = 16 * KiB
@@ -113,6 +115,11 @@ def offload_bytes(meta: Any, recipe: Any, config: dict[str, Any], device: str,
     return plan.disk_bytes
 
 
+def _layers(config: dict[str, Any]) -> int:
+    text = config.get("text_config") or config
+    return int(text.get("num_hidden_layers") or 0)
+
+
 def needs(*, stages: list[str], run_dir: Path, cache: Path, model_dir: Path, meta: Any,
           recipe: Any, config: dict[str, Any], group: int | None, device: str,
           calibration: tuple[int, int], metrics: int) -> list[DiskNeed]:
@@ -124,7 +131,8 @@ def needs(*, stages: list[str], run_dir: Path, cache: Path, model_dir: Path, met
             out.append(DiskNeed("calibrate", run_dir, calibration_bytes(*calibration)))
         elif stage == "quantize":
             weights = export_weight_bytes(meta, recipe, config, group)
-            out.append(DiskNeed("quantize", run_dir, weights + side + _QUANTIZE_EXTRA))
+            log = _LOG_PER_LAYER * _layers(config)
+            out.append(DiskNeed("quantize", run_dir, weights + side + _QUANTIZE_EXTRA + log))
             spill = offload_bytes(meta, recipe, config, device, run_dir / ".offload")
             if spill:
                 out.append(DiskNeed("offload", run_dir, spill))

@@ -130,18 +130,23 @@ def test_full_disk_and_read_only_folder_at_each_writing_stage(
                 text=True, env=env(QUANTIZE_CACHE=str(cache), QUANTIZE_PAUSE_AT=point,
                                    QUANTIZE_PAUSE_MARKER=str(marker),
                                    QUANTIZE_PAUSE_UNTIL=str(go)))
-            _wait(proc, marker)
-            manifest = out / "manifest.json"
-            before = manifest.read_bytes() if manifest.exists() else None
-            if fault == "full":
-                filler = fill(disk)
-            else:  # a read-only bind mount over the run folder (remounting the tmpfs
-                # itself read-only is refused while the run holds its lock file open)
-                subprocess.run(["mount", "--bind", str(out), str(out)], check=True)
-                subprocess.run(["mount", "-o", "remount,bind,ro", str(out)], check=True)
-            counts["injected"] += 1
-            go.touch()
-            _, err = proc.communicate(timeout=600)
+            try:
+                _wait(proc, marker)
+                manifest = out / "manifest.json"
+                before = manifest.read_bytes() if manifest.exists() else None
+                if fault == "full":
+                    filler = fill(disk)
+                else:  # a read-only bind mount over the run folder (remounting the tmpfs
+                    # itself read-only is refused while the run holds its lock file open)
+                    subprocess.run(["mount", "--bind", str(out), str(out)], check=True)
+                    subprocess.run(["mount", "-o", "remount,bind,ro", str(out)], check=True)
+                counts["injected"] += 1
+                go.touch()
+                _, err = proc.communicate(timeout=600)
+            except BaseException:
+                proc.kill()  # never leave a paused run behind a failed test
+                proc.wait()
+                raise
             if fault == "full":
                 filler.unlink()
             else:

@@ -49,9 +49,14 @@ def test_term_and_hup_stop_cleanly_and_resume(point: str, sig: signal.Signals, t
                             env=resume.env(QUANTIZE_PAUSE_AT=point,
                                            QUANTIZE_PAUSE_MARKER=str(marker)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    resume._wait_marker(proc, marker)
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
+    try:
+        resume._wait_marker(proc, marker)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=300)
+    except BaseException:
+        proc.kill()  # never leave a paused run behind a failed test
+        proc.wait()
+        raise
     assert proc.returncode == 128 + sig, err
     assert err.strip().splitlines()[-1] == (
         f"interrupted ({sig.name}): finished stages are kept; re-run the same command to "
