@@ -30,12 +30,16 @@ def small_calibration(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def logits(path: Path, ids: Any) -> Any:
     import torch
-    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+    from transformers import AutoModelForCausalLM
 
-    kw: dict[str, Any] = {}
+    from quantize.model.decode import load_dequantized
+
     if "quantization_config" in json.loads((path / "config.json").read_text()):
-        kw["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw)
+        # decompressed once (FP4 weights come back in bfloat16 there; load_dequantized gives
+        # them the model dtype)
+        model = load_dequantized(path, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.inference_mode():
         return model(input_ids=ids).logits
 
