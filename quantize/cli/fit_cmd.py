@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -46,6 +47,9 @@ def _bits(text: str) -> tuple[int, ...]:
 @click.option("--runs", "runs_dirs", multiple=True, type=click.Path(path_type=Path),
               help="folders of runs to plot against (default: runs)")
 @click.option("--gpu-file", type=click.Path(path_type=Path), default=None)
+@click.option("--dataset", "-d", default=None, help="calibration data (as quantize run)")
+@click.option("--suite", default=None, help="eval suite (default: the base recipe's)")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="load the export in vLLM (quantize verify) after the gate")
 @click.option("--dry-run", is_flag=True,
@@ -55,8 +59,8 @@ def _bits(text: str) -> tuple[int, ...]:
 def fit_cmd(model: str, gpu_name: str | None, gpus: int, context: int, concurrency: int,
             kv_cache_dtype: str, min_recovery: float | None, max_weights: str | None,
             bits_text: str, base_name: str, sensitivity_tokens: int, out: Path | None,
-            runs_dirs: tuple[Path, ...], gpu_file: Path | None, verify: bool,
-            dry_run: bool) -> None:
+            runs_dirs: tuple[Path, ...], gpu_file: Path | None, dataset: str | None,
+            suite: str | None, device: str, verify: bool, dry_run: bool) -> None:
     """Choose 4, 8 or 16 bits per layer so that MODEL serves --max-model-len tokens to
     --concurrency users on --gpus x --gpu (or fits --max-weights) with the least measured
     loss; write the recipe and run it through calibrate -> ... -> gate -> verify."""
@@ -64,9 +68,11 @@ def fit_cmd(model: str, gpu_name: str | None, gpus: int, context: int, concurren
     from quantize.fit.budget import Serving, parse_size
     from quantize.planner.gpus import find
     from quantize.progress import info
-    from quantize.spec.recipe import load_recipe
+    from quantize.spec.recipe import load_recipe, suite_for
 
     base = load_recipe(base_name)
+    if not dry_run:
+        suite_for(base, suite)  # a bad suite fails now, not after calibration
     serving = (Serving(find(gpu_name, gpu_file), gpus, context, concurrency,
                        kv_cache_dtype == "fp8") if gpu_name else None)
     weights = parse_size(max_weights) if max_weights else None
@@ -76,9 +82,10 @@ def fit_cmd(model: str, gpu_name: str | None, gpus: int, context: int, concurren
     tag = _tag(gpu_name, gpus, context, concurrency, kv_cache_dtype, weights)
     run_dir = out or Path("runs") / f"{p.source.name}-fit-{tag}"
     measured = not (dry_run and p.source.origin.startswith(("builtin:", "hub:")))
-    costs = _costs(p, model, base_name, run_dir, sensitivity_tokens) if measured else \
-        _prior(p)
-    _assign_and_run(p, costs, measured, model, run_dir, f"fit-{tag}", dry_run, verify,
+    opts = {"model": model, "out": run_dir, "dataset": dataset, "suite": suite,
+            "device": device}
+    costs = _costs(p, base_name, opts, sensitivity_tokens) if measured else _prior(p)
+    _assign_and_run(p, costs, measured, opts, f"fit-{tag}", dry_run, verify,
                     [*runs_dirs] or [Path("runs")])
 
 
@@ -102,7 +109,7 @@ def _prior(p: object) -> dict[str, dict[int, float]]:
     return prior(p.units, p.shape.layers)
 
 
-def _costs(p: object, model: str, base_name: str, run_dir: Path,
+def _costs(p: object, base_name: str, opts: dict[str, Any],
            n_tokens: int) -> dict[str, dict[int, float]]:
     """Calibrate (the pipeline's own stage, into the run folder), then measure."""
     from quantize.fit.assign import Problem
@@ -111,7 +118,8 @@ def _costs(p: object, model: str, base_name: str, run_dir: Path,
     from quantize.stages import calibrate
 
     assert isinstance(p, Problem)
-    pipe = run(RunOptions(recipe=base_name, model=model, out=run_dir, until="calibrate"))
+    run_dir = opts["out"]
+    pipe = run(RunOptions(recipe=base_name, until="calibrate", **opts))
     calib = pipe.manifest["stages"]["calibrate"]["summary"]["fingerprint"]
     key = {"calibration": calib, "model": pipe.fingerprint(), "scheme": p.base.scheme,
            "group": p.units.group, "bits": sorted({c.bits for u in p.units.units
@@ -121,8 +129,8 @@ def _costs(p: object, model: str, base_name: str, run_dir: Path,
                    run_dir / "fit" / "sensitivity.json", key)
 
 
-def _assign_and_run(p: object, costs: dict[str, dict[int, float]], measured: bool, model: str,
-                    run_dir: Path, name: str, dry_run: bool, verify: bool,
+def _assign_and_run(p: object, costs: dict[str, dict[int, float]], measured: bool,
+                    opts: dict[str, Any], name: str, dry_run: bool, verify: bool,
                     roots: list[Path]) -> None:
     from quantize.errors import GateFailed
     from quantize.fit import report
@@ -131,6 +139,7 @@ def _assign_and_run(p: object, costs: dict[str, dict[int, float]], measured: boo
     from quantize.progress import info
 
     assert isinstance(p, Problem)
+    run_dir, model = opts["out"], opts["model"]
     a = solve(p, costs, measured)
     path = write_recipe(fit_recipe(p, a, name), run_dir)
     for line in report.assignment_lines(p, a) + report.unit_table(p, a, costs):
@@ -147,7 +156,7 @@ def _assign_and_run(p: object, costs: dict[str, dict[int, float]], measured: boo
     from quantize.cli.summary import print_summary
     from quantize.pipeline import RunOptions, run
 
-    pipe = run(RunOptions(recipe=str(path), model=model, out=run_dir, until="gate"))
+    pipe = run(RunOptions(recipe=str(path), until="gate", **opts))
     print_summary(pipe)
     extra["measured_recovery"] = measured_rec = report.ppl_recovery(run_dir)
     extra["export_bytes"] = report.export_size(run_dir)
