@@ -41,7 +41,8 @@ def _bits(text: str) -> tuple[int, ...]:
 @click.option("--recipe", "base_name", default=DEFAULT_RECIPE, show_default=True,
               help="the base (lowest-precision) recipe")
 @click.option("--sensitivity-tokens", default=512, show_default=True, type=int,
-              help="calibration tokens each sensitivity forward pass scores")
+              help="calibration tokens each sensitivity forward pass scores, rounded up to whole "
+                   "calibration samples")
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
               help="run folder (default runs/<model>-fit-<budget>)")
 @click.option("--runs", "runs_dirs", multiple=True, type=click.Path(path_type=Path),
