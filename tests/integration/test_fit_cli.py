@@ -35,7 +35,7 @@ def test_bad_inputs_one_line(tiny_model: Path, tmp_path: Path, args: list[str],
     assert not (tmp_path / "run" / "calibrate").exists()  # refused before any work
 
 
-def test_nothing_fits_names_the_nearest_setup(tiny_model: Path, tmp_path: Path) -> None:
+def test_nothing_fits_names_the_nearest_setup(tmp_path: Path) -> None:
     code, out = _fit("meta-llama/Llama-3.1-70B-Instruct", "--gpu", "rtx5090", "--gpus", "2",
                      "--max-model-len", "32768", "--concurrency", "16", "--dry-run",
                      "--out", str(tmp_path / "run"))
