@@ -19,7 +19,7 @@ GPUS ?=
 
 RUN_ARGS = $(RECIPE) --model $(MODEL) $(if $(DATASET),--dataset $(DATASET)) $(if $(OUT),--out $(OUT)) $(if $(SUITE),--suite $(SUITE)) $(if $(GPUS),--gpus $(GPUS)) $(ARGS)
 
-.PHONY: install quantize calibrate export eval gate test test-slow quality clean help vllm-env verify publish plan
+.PHONY: install quantize calibrate export eval gate test test-slow quality clean help vllm-env verify publish plan fit
 
 help:
 	@echo "make install | quantize [RECIPE= MODEL= DATASET= OUT= GPUS=] | calibrate | export | eval | gate | test | test-slow | quality | clean"
@@ -97,6 +97,11 @@ publish: install
 # Which recipe fits MODEL on a GPU, e.g. make plan MODEL=meta-llama/Llama-3.1-70B-Instruct ARGS="--gpu rtx5090 --gpus 2"
 plan: install
 	$(BIN)/quantize plan $(MODEL) $(ARGS)
+
+# Per-layer 4/8/16-bit assignment that fits, built and gated (docs/fit.md), e.g.
+# make fit MODEL=default ARGS="--max-weights 140MB" or ARGS="--gpu rtx5090 --max-model-len 32768 --concurrency 16"
+fit: install
+	$(BIN)/quantize fit $(MODEL) $(if $(OUT),--out $(OUT)) $(ARGS)
 
 # The suite includes the vLLM verify tests, so the vLLM environment is built first (once; see
 # vllm-env). A failed build stops `make test` instead of letting those tests skip, so CI cannot

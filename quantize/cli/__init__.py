@@ -3,7 +3,13 @@ rule; each command module registers its commands on import)."""
 
 from __future__ import annotations
 
-from quantize.cli import commands, plan_cmd, publish_cmd, verify_cmd  # noqa: F401 (registers)
+from quantize.cli import (  # noqa: F401 (registers)
+    commands,
+    fit_cmd,
+    plan_cmd,
+    publish_cmd,
+    verify_cmd,
+)
 from quantize.cli.app import main
 
 __all__ = ["main"]

@@ -17,7 +17,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("quantize", "quantize.errors", "quantize.progress"),
     ("quantize.spec", "quantize.run", "quantize.model"),  # the foundations
     ("quantize.vllm", "quantize.checks", "quantize.backends"),  # kernels rules, checks, engines
-    ("quantize.stages", "quantize.metrics", "quantize.planner", "quantize.report"),
+    ("quantize.stages", "quantize.metrics", "quantize.planner", "quantize.report",
+     "quantize.fit"),
     ("quantize.pipeline",),
     ("quantize.cli",),
 ]

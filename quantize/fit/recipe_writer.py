@@ -1,0 +1,46 @@
+"""The assignment as an ordinary recipe: the base recipe (DEFAULT_RECIPE) with the 8-bit
+units as one `overrides` entry (W8A16, the base recipe's group size) and the 16-bit units
+added to `ignore`. Fused shards are listed together (one unit), so pre-flight's fused-shard
+check and vLLM's config-group matching (compressed_tensors/utils.py find_matched_target:
+exact layer names before the `Linear` class target; a fused qkv_proj matches only when all
+of q/k/v name the same group) both accept it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from quantize.fit.assign import Assignment, Problem
+from quantize.fit.units import HIGH_SCHEME
+from quantize.run.files import atomic_write_text
+from quantize.spec.recipe import Override, Recipe, load_recipe
+
+
+def fit_recipe(p: Problem, a: Assignment, name: str) -> Recipe:
+    high = [n for u in p.units.units if a.bits[u.name] == 8 and u.choice(8).scheme
+            for n in u.layers]
+    dense = [n for u in p.units.units if a.bits[u.name] == 16 for n in u.layers]
+    overrides = list(p.base.overrides)
+    if high:
+        overrides.append(Override(targets=high, scheme=HIGH_SCHEME))
+    counts = ", ".join(f"{n} layers at {b} bits" for b, (n, _) in a.counts.items())
+    data = p.base.model_dump()
+    data.update(name=name, overrides=overrides, ignore=[*p.base.ignore, *dense],
+                description=f"quantize fit of {p.source.name} from {p.base.name}: {counts} "
+                f"({a.size / 1e6:,.1f} MB)")
+    return Recipe.model_validate(data)
+
+
+def write_recipe(recipe: Recipe, folder: Path) -> Path:
+    """recipe YAML in `folder`, named after the recipe (as load_recipe requires), re-read
+    through the strict loader."""
+    path = folder / f"{recipe.name}.yaml"
+    folder.mkdir(parents=True, exist_ok=True)
+    data = recipe.model_dump(mode="json", exclude_defaults=True)
+    data = {"name": recipe.name, "description": recipe.description, **data}
+    text = ("# written by `quantize fit`: an ordinary recipe; run it with quantize run "
+            f"{path}\n" + yaml.safe_dump(data, sort_keys=False, width=100))
+    atomic_write_text(path, text)
+    load_recipe(str(path))
+    return path
