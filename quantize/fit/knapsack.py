@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -81,7 +82,7 @@ class Table:
     def smallest_within(self, max_cost: float, budget: int) -> Solution:
         """The smallest solution whose cost is at most max_cost, within the budget."""
         cap = self.capacity(budget)
-        ok = np.nonzero(self.frontier[: cap + 1] <= max_cost)[0] if cap >= 0 else []
+        ok: Any = np.nonzero(self.frontier[: cap + 1] <= max_cost)[0] if cap >= 0 else []
         if len(ok) == 0:
             return Solution([], 0, math.inf, False)
         return self.solve(self.base + int(ok[0]) * self.bin_bytes)

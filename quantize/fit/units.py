@@ -20,9 +20,9 @@ from quantize.checks.preflight import (
 )
 from quantize.planner.weights import LayerPlan, estimate_weights, format_for, linear_bytes
 from quantize.spec.recipe import Override, Recipe
-from quantize.spec.schemes import SCHEMES
+from quantize.spec.schemes import SCHEMES, SchemeName
 
-HIGH_SCHEME = "W8A16"  # the 8-bit choice: weight-only INT8, same group size
+HIGH_SCHEME: SchemeName = "W8A16"  # the 8-bit choice: weight-only INT8, same group size
 DEFAULT_BITS = (4, 8, 16)
 
 

@@ -56,9 +56,12 @@ def test_dry_run_on_a_builtin_config(tmp_path: Path) -> None:
 
 def test_fit_tiny_end_to_end(tiny_model: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
+    calib = tmp_path / "small.yaml"  # mechanics: a small calibration set and the smoke suite
+    calib.write_text("name: small\nbuiltin: wiki\nnum_samples: 8\nseq_len: 128\n")
     # embeddings (tied) 12.6 MB at fp16 + 0.59 MB of Linear weights at fp16: room for some
     code, out = _fit(str(tiny_model), "--max-weights", "12.95MB", "--bits", "4,16",
-                     "--out", str(run), "--no-verify", "--runs", str(tmp_path))
+                     "--out", str(run), "--no-verify", "--runs", str(tmp_path),
+                     "--dataset", str(calib), "--suite", "smoke")
     assert code in (0, 3), out  # 3: the gate judged a random model's loss; mechanics here
     fit = json.loads((run / "fit" / "fit.json").read_text())
     assert fit["measured"] and 0 < fit["predicted_recovery"] <= 1
@@ -75,7 +78,7 @@ def test_fit_tiny_end_to_end(tiny_model: Path, tmp_path: Path) -> None:
     assert len(ignored) == fit["counts"]["16"][0]
     # the cached sensitivity is reused by a dry run with the same model and calibration
     code, out = _fit(str(tiny_model), "--max-weights", "12.95MB", "--bits", "4,16",
-                     "--out", str(run), "--dry-run")
+                     "--out", str(run), "--dry-run", "--dataset", str(calib))
     assert code == 0 and "reused" in out, out
 
 
