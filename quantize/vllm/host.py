@@ -98,6 +98,7 @@ def run_worker(python: Path, request: dict[str, Any], workdir: Path, name: str,
     A timeout kills the whole process group. When the worker died without writing a result,
     the last error-looking line of its log is quoted.
     """
+    workdir = workdir.resolve()  # the worker runs in workdir: a relative path would double
     workdir.mkdir(parents=True, exist_ok=True)
     req_path, res_path = workdir / f"{name}.request.json", workdir / f"{name}.result.json"
     log_path = workdir / f"{name}.log"
