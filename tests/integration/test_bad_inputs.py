@@ -166,7 +166,7 @@ CASES: list[Case] = [
     recipe("bool-wrong-type", RECIPE_OK + "trust_remote_code: maybe\n",
            r"trust_remote_code: Input should be a valid boolean"),
     recipe("unknown-method", RECIPE_OK.replace("method: gptq", "method: squeeze"),
-           r"method: Input should be 'gptq', 'awq' or 'rtn'"),
+           r"method: Input should be 'gptq', 'awq', 'rtn', 'autoround' or 'awq\+gptq'"),
     recipe("bits-out-of-range", RECIPE_OK.replace("W4A16", "W5A16"), r"scheme: Input should be"),
     recipe("group-size-too-small", RECIPE_OK.replace("group_size: 64", "group_size: 4"),
            r"group_size.*greater than or equal to 8"),
@@ -267,7 +267,8 @@ CASES: list[Case] = [
           r"pickle can run code.*--allow-pickle"),
     # --- eval suites ----------------------------------------------------------------------
     suite("unknown-metric-kind", SUITE_OK.replace("kind: perplexity", "kind: bleu"),
-          r"metrics\.0\.kind: Input should be 'perplexity' or 'multiple_choice'"),
+          r"metrics\.0\.kind: Input should be 'perplexity', 'long_perplexity' or "
+          r"'multiple_choice'"),
     suite("missing-direction", SUITE_OK.replace("    direction: lower_is_better\n", ""),
           r"metrics\.0\.direction: required field is missing"),
     suite("wrong-direction", SUITE_OK.replace("lower_is_better", "higher_is_better"),
