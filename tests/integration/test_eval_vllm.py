@@ -96,6 +96,7 @@ def test_vllm_engine_agrees_with_hf_on_baseline_and_fp8_export(
         assert abs(value - hf["general_knowledge"]["value"]) * 30 <= 3
 
 
+@pytest.mark.slow  # ~5 min on 2 cores (vLLM and transformers over 2k-token windows)
 def test_long_context_metric_runs_with_an_fp8_kv_cache(default_model: Path,
                                                       host: vllm_host.Host,
                                                       tmp_path: Path) -> None:
