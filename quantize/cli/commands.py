@@ -235,7 +235,7 @@ def validate_cmd(recipe: str, model: str | None, no_model: bool, tp: int,
               help="folder for compare.md and compare.png")
 @click.option("--questions", is_flag=True,
               help="also ask each export (and its 16-bit model) the simple factual questions "
-              "of eval/questions.yaml through vLLM, and count the right answers (needs "
+              "of eval/questions/factual.yaml through vLLM, and count the right answers (needs "
               "`make vllm-env`; about a minute per checkpoint on CPU, cached in OUT/answers)")
 @handle_errors
 def compare_cmd(runs: tuple[Path, ...], out: Path, questions: bool) -> None:

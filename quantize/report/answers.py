@@ -2,7 +2,7 @@
 of `vllm serve` would (the model's chat template, greedy decoding), counted right or wrong.
 
 Perplexity and multiple-choice accuracy score log-likelihoods; this check reads what the
-model *says*. The questions live in eval/questions.yaml; an answer is right when one of its
+model *says*. The questions live in eval/questions/factual.yaml; an answer is right when one of its
 accepted answers appears in the generated text as a whole word (case-insensitive). Each
 checkpoint runs in a fresh vLLM process in the separate vLLM environment, with the `--dtype`
 this host needs for it (quantize.vllm.support.serving_dtype).
@@ -25,7 +25,7 @@ from quantize.spec.yamlio import parse_model, read_text
 from quantize.vllm import host as vhost
 from quantize.vllm import support
 
-QUESTIONS = PROJECT_ROOT / "eval" / "questions.yaml"
+QUESTIONS = PROJECT_ROOT / "eval" / "questions" / "factual.yaml"  # not a suite: own folder
 MAX_TOKENS = 32
 TIMEOUT_S = 900.0
 

@@ -79,8 +79,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             "Peak RSS: the run's process up to the end of its quantize stage.\n")
     if asked and base.get("baseline_answers") is not None:
         sheet = base["baseline_answers"]
-        note += (f"Answers: simple factual questions (eval/questions.yaml) asked through vLLM, "
-                 f"greedy; the 16-bit model answers {sheet.right}/{sheet.total} right.\n")
+        note += ("Answers: simple factual questions (eval/questions/factual.yaml) asked "
+                 f"through vLLM, greedy; the 16-bit model answers {sheet.right}/{sheet.total} "
+                 "right.\n")
     return "\n".join(lines) + "\n" + note
 
 

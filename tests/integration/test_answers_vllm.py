@@ -1,5 +1,5 @@
 """The real-client question check through vLLM's own engine (issue #15): the 16-bit default
-model answers eval/questions.yaml with its chat template, greedy, as `vllm serve` would.
+model answers eval/questions/factual.yaml with its chat template, greedy, as `vllm serve` would.
 Needs the vLLM environment (`make vllm-env`; `make test` builds it), else skipped."""
 
 from __future__ import annotations
