@@ -101,7 +101,9 @@ def stage_hashes(out: Path) -> dict[str, Any]:
     got["export"] = {k: v for k, v in m["stages"]["export"]["outputs"].items()
                      if k != "manifest.json"}
     got["export-files"] = json.loads((out / "export" / "manifest.json").read_text())["files"]
-    got["eval"] = m["stages"]["eval"]["summary"]
+    # eval numbers; the engine's reason quotes the memory free at that moment (#19)
+    got["eval"] = {k: v for k, v in m["stages"]["eval"]["summary"].items() if k != "engine"}
+    got["eval-engine"] = m["stages"]["eval"]["summary"].get("engine", {}).get("name")
     got["gate"] = m["stages"]["gate"]["summary"]["verdict"]
     return got
 
