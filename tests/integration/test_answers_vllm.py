@@ -6,18 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+from fixtures.vllm import NEEDS_VLLM, VLLM_PYTHON
 
 from quantize.report.answers import ask, load_questions
 from quantize.vllm import host as vllm_host
 
-VLLM_PYTHON = vllm_host.find_vllm_python()
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(VLLM_PYTHON is None, reason=(
-        "no vLLM environment (.venv-vllm/ or $QUANTIZE_VLLM_PYTHON): create it with "
-        "`make vllm-env`, or run `make test`, which builds it")),
-]
+pytestmark = NEEDS_VLLM
 
 
 def test_the_16_bit_default_model_answers_through_vllm(default_model: Path,

@@ -21,17 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.vllm import NEEDS_VLLM, VLLM_PYTHON
 
 from quantize.spec.recipe import EvalSuite, MetricSpec
 from quantize.vllm import host as vllm_host
 
-VLLM_PYTHON = vllm_host.find_vllm_python()
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(VLLM_PYTHON is None, reason=(
-        "no vLLM environment (.venv-vllm/ or $QUANTIZE_VLLM_PYTHON): create it with "
-        "`make vllm-env` (about 2 minutes, 3.4 GB), or run `make test`, which builds it")),
-]
+pytestmark = NEEDS_VLLM
 
 LONG = MetricSpec(name="long_ppl", kind="long_perplexity", direction="lower_is_better",
                   builtin="novel", max_tokens=4096, seq_len=2048, threshold=0.5)

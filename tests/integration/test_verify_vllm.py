@@ -22,17 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.vllm import NEEDS_VLLM, VLLM_PYTHON
 
 from quantize.stages import verify as V
 from quantize.vllm import host as vllm_host
 
-VLLM_PYTHON = vllm_host.find_vllm_python()
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(VLLM_PYTHON is None, reason=(
-        "no vLLM environment (.venv-vllm/ or $QUANTIZE_VLLM_PYTHON): create it with "
-        "`make vllm-env` (about 2 minutes, 3.4 GB), or run `make test`, which builds it")),
-]
+pytestmark = NEEDS_VLLM
 
 SMALL_CALIBRATION = "name: small\nbuiltin: wiki\nnum_samples: 8\nseq_len: 256\n"
 
