@@ -38,6 +38,9 @@ PRESETS: dict[str, dict[str, Any]] = {
              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
              "head_dim": 64, "vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2},
 }
+# Presets read from a shipped public config (quantize/data/model_configs/), built through
+# AutoModelForCausalLM: the MoE architecture of issue #18 (30.5 B parameters, 56.9 GiB bf16).
+SHIPPED: dict[str, str] = {"qwen3-30b-a3b": "Qwen--Qwen3-30B-A3B.json"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja")
 
@@ -53,14 +56,25 @@ def build(preset: str, out: Path, tokenizer: Path, device: str, seed: int = 0) -
             return {**info, "reused": True}
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    config = LlamaConfig(**PRESETS[preset])
+    if preset in SHIPPED:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        cfg_file = Path(__file__).resolve().parent.parent / "quantize" / "data" / \
+            "model_configs" / SHIPPED[preset]
+        raw = {k: v for k, v in json.loads(cfg_file.read_text()).items()
+               if not k.startswith("_") and k != "torch_dtype"}
+        config = AutoConfig.for_model(**raw)
+        make: Any = AutoModelForCausalLM.from_config
+    else:
+        config = LlamaConfig(**PRESETS[preset])
+        make = LlamaForCausalLM
     config.dtype = torch.bfloat16
     torch.manual_seed(seed)
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(config)
+            model = make(config)
     finally:
         torch.set_default_dtype(default)
     if device == "cuda":
@@ -82,7 +96,7 @@ def build(preset: str, out: Path, tokenizer: Path, device: str, seed: int = 0) -
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--preset", choices=sorted(PRESETS), default="llama3.1-8b")
+    p.add_argument("--preset", choices=sorted([*PRESETS, *SHIPPED]), default="llama3.1-8b")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--tokenizer", type=Path, required=True,
                    help="folder with tokenizer.json/tokenizer_config.json to copy")

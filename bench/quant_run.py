@@ -146,6 +146,13 @@ def run_oneshot(a: argparse.Namespace, prof: profiler.Prof | None) -> dict[str, 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=dtype, device_map=None if load_device == "cpu" else load_device)
+    # what a user of plain oneshot writes for an MoE model too: routers stay dense (the
+    # pipeline derives the same list, quantize.model.moe)
+    from quantize.model.moe import derived_ignore
+
+    extra = [x for x in derived_ignore(model) if x not in recipe.ignore]
+    if extra:
+        recipe = recipe.model_copy(update={"ignore": [*recipe.ignore, *extra]})
     kwargs: dict[str, Any] = {}
     if samples:
         cols: dict[str, Any] = {"input_ids": samples}

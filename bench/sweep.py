@@ -89,6 +89,9 @@ def main() -> None:
     ap.add_argument("--suite", default=None, help="eval suite (default: each recipe's)")
     ap.add_argument("--deadline-s", type=float, default=float("inf"))
     ap.add_argument("--table", type=Path, help="print the table of a sweep.json and stop")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the finished rows of an existing OUT/sweep.json and skip them "
+                         "(a variant stopped part-way resumes at its first unfinished stage)")
     args = ap.parse_args()
     if args.table:
         print(table(json.loads(args.table.read_text())))
@@ -103,6 +106,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     result_path = args.out / "sweep.json"
     rows: list[dict[str, Any]] = []
+    if args.resume and result_path.is_file():
+        rows = [r for r in json.loads(result_path.read_text())["rows"]
+                if not str(r.get("error") or "").startswith("skipped")]
+    done = {r["variant"] for r in rows}
     result: dict[str, Any] = {"device": args.device, "rows": rows}
     try:
         import torch
@@ -114,6 +121,8 @@ def main() -> None:
         pass
     for name in args.names:
         path = recipe_path(name)
+        if Path(path).stem in done:
+            continue
         recipe = load_recipe(path)
         est = ESTIMATE_S.get(recipe.method, 60)
         if time.monotonic() - start + est > args.deadline_s:
