@@ -37,7 +37,7 @@ SITE = Path(os.environ.get("GPU_SESSION_SITE", "/tmp/site"))
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SWEEP = ["gptq-asym-imatrix", "autoround-asym", "awq-gptq-asym", "gptq-asym-weight",
          "gptq-asym-damp05", "gptq-asym-128x512", "gptq-asym-128x2048", "nvfp4", "nvfp4a16",
-         "mxfp4", "mxfp4a16", "fp8-block-noqkv"]
+         "mxfp4", "mxfp4a16"]
 C32 = "bench/calib-32x2048.yaml"
 # plain oneshot with the pipeline's GPU settings (bench/run_gpu.py's SAME)
 SAME = ["--tf32", "--offload-device", "cuda", "--batch-size", "8", "--fast-hessian",

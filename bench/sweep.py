@@ -140,6 +140,8 @@ def main() -> None:
                            suite=args.suite))
         except QuantizeError as exc:  # a failed gate still has its eval
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        except Exception as exc:  # an engine crash ends this variant, not the sweep
+            error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
         r = row(Path(path).stem, run_dir, error, time.monotonic() - t0,
                 recipe.model_dump(mode="json", exclude={"description", "eval"}))
         if args.device != "cpu":

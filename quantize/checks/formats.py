@@ -38,7 +38,9 @@ def check_shapes(schemes: list[Any], tp: int, fused: tuple[tuple[str, ...], ...]
     _mxfp4.py create_weights). Block FP8: vLLM's validate_fp8_block_shape
     (quantization/utils/fp8_utils.py): row-parallel inputs per rank and column-parallel
     outputs per rank divisible by the block when tp > 1, and every shard of a fused layer
-    but the last divisible by the block's rows even at tp 1."""
+    but the last divisible by the block's rows even at tp 1; and every input a whole number
+    of the dynamic activation groups (128), which compressed-tensors cannot split otherwise
+    (seen on the H200, 2026-12-02: the default model's o_proj, 576 wide, failed at eval)."""
     for ls in schemes:
         info = SCHEMES.get(ls.scheme) if ls.scheme else None
         if info is None or not (info.fixed_group or info.block):
@@ -72,6 +74,13 @@ def check_shapes(schemes: list[Any], tp: int, fused: tuple[tuple[str, ...], ...]
                 f"{lay.name}: out_features {why} is not a multiple of the {bn}-row FP8 block, "
                 "which vLLM refuses (fp8_utils.py validate_fp8_block_shape); add "
                 f"{'/'.join(group or (leaf,))} to `ignore`, or use fp8-dynamic (per channel)")
+        if k % bk:  # tp 1, or a column-parallel layer: the activation groups
+            raise PreflightError(
+                f"{lay.name}: in_features {lay.in_features} is not a multiple of {bk}: block "
+                f"FP8 quantizes activations dynamically in groups of {bk} along the input, "
+                "which compressed-tensors cannot split (compute_dynamic_scales_and_zp; the "
+                f"export would fail at eval); add {leaf} to `ignore`, or use fp8-dynamic "
+                "(per channel)")
 
 
 def gpu_notes(schemes: list[Any], gpu: GpuTarget, experts: bool) -> list[str]:

@@ -116,6 +116,17 @@ def test_block_fp8_refuses_fused_shards_vllm_rejects() -> None:
         preflight.check(load_recipe("fp8-block"), SMOL)
 
 
+def test_block_fp8_refuses_inputs_its_activation_groups_cannot_split(recipe_file) -> None:  # type: ignore[no-untyped-def]
+    """q/k/v kept dense, the default model's o_proj (576 wide) is next: compressed-tensors'
+    dynamic groups of 128 fail on it at eval (seen on the H200), so pre-flight says so."""
+    noqkv = load_recipe(str(recipe_file(
+        "name: x\ndescription: d\nmethod: rtn\nscheme: FP8_BLOCK\n"
+        "ignore: [lm_head, 're:.*q_proj$', 're:.*k_proj$', 're:.*v_proj$']\n")))
+    with pytest.raises(PreflightError, match=r"o_proj: in_features 576 is not a multiple of "
+                                             r"128: block FP8 quantizes activations"):
+        preflight.check(noqkv, SMOL)
+
+
 def test_block_fp8_checks_tensor_parallel_shards(recipe_file) -> None:  # type: ignore[no-untyped-def]
     cfg = {**SMOL, "hidden_size": 1024, "intermediate_size": 1152, "num_attention_heads": 8,
            "num_key_value_heads": 8}
