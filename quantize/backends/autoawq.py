@@ -27,7 +27,7 @@ from quantize.backends._native import (
     source_dtype,
 )
 from quantize.errors import NotImplementedFeature
-from quantize.model.config import read_config
+from quantize.model.config import ModelConfig, read_config
 from quantize.spec.recipe import AWQOptions, Recipe
 from quantize.spec.schemes import SCHEMES
 
@@ -46,7 +46,7 @@ VERIFIED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2",
 UNVERIFIED_ENV = "QUANTIZE_AUTOAWQ_UNVERIFIED"
 
 
-def check_model(config: dict[str, Any]) -> None:
+def check_model(config: ModelConfig) -> None:
     """Refuse: AutoAWQ's output is broken on the pinned transformers (see above); and with the
     override, model types it was not even run with."""
     tf = importlib.metadata.version("transformers")
@@ -57,7 +57,7 @@ def check_model(config: dict[str, Any]) -> None:
             "checkpoint of the default model here (perplexity 17.9 -> 194,000, garbage in "
             "vLLM too); use awq-int4-gptqmodel or awq-int4 (set "
             f"{UNVERIFIED_ENV}=1 only to reproduce it)")
-    mt = config.get("model_type")
+    mt = config.model_type
     if mt not in VERIFIED_MODEL_TYPES:
         raise NotImplementedFeature(
             f"backend autoawq (archived upstream, tested by its authors only up to "
@@ -83,7 +83,7 @@ def _load_awq() -> Any:
 class AutoAWQBackend:
     name = "autoawq"
 
-    def check_model(self, config: dict[str, Any]) -> None:
+    def check_model(self, config: ModelConfig) -> None:
         check_model(config)
 
     def quantize(self, job: QuantizeJob, out: Path) -> dict[str, Any]:

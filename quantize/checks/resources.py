@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import QuantizeError
-from quantize.model.config import weight_bytes
+from quantize.model.config import ModelConfig, weight_bytes
 from quantize.progress import info
 from quantize.spec.methods import METHODS
 from quantize.spec.recipe import Recipe
@@ -150,7 +150,7 @@ class GpuEstimate:
         return int(self.allocated(placement) * _SLACK) + _CONTEXT
 
 
-def estimate_gpu(size: ModelSize, recipe: Recipe, config: dict[str, Any],
+def estimate_gpu(size: ModelSize, recipe: Recipe, config: ModelConfig,
                  samples: list[list[int]], batch: int) -> GpuEstimate:
     b = weight_bytes(config)
     tokens = sum(len(s) for s in samples)
@@ -209,7 +209,7 @@ def check_gpu_memory(est: GpuEstimate, batch: int, seq: int,
         + "; or ".join(fixes) + "; or free the GPU / use a larger one")
 
 
-def check_memory(meta: Any, recipe: Recipe, config: dict[str, Any], device: str,
+def check_memory(meta: Any, recipe: Recipe, config: ModelConfig, device: str,
                  samples: list[list[int]], batch: int, *, world_size: int = 1,
                  offload_dir: Path | None = None) -> dict[str, Any]:
     """Host RAM always; GPU memory on cuda. Returns the facts recorded in the manifest

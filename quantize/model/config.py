@@ -1,11 +1,11 @@
 """The one reader of a model's config.json: the file, its dtype and its shape.
 
 Every module that needs a fact of config.json asks here: `read_config` opens the file (the
-only place that does), `config_dtype` names its dtype, `dtype_bytes` / `serving_dtype_bytes`
-answer the two different byte questions (what the checkpoint stores, what vLLM serves), and
-`model_shape` reads the architecture (GQA/MQA/MLA, sliding windows, MoE) through
-transformers' own config class, so defaults and multimodal `text_config`s are resolved as
-transformers resolves them.
+only place that does) as a typed `ModelConfig`, `config_dtype` names its dtype, `dtype_bytes` /
+`serving_dtype_bytes` answer the two different byte questions (what the checkpoint stores,
+what vLLM serves), and `model_shape` reads the architecture (GQA/MQA/MLA, sliding windows,
+MoE) through transformers' own config class, so defaults and multimodal `text_config`s are
+resolved as transformers resolves them.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from quantize.errors import ModelError
 
 CONFIG = "config.json"
@@ -24,13 +26,74 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2
 _SERVED = ("bfloat16", "float16", "float32")
 
 
+class ModelConfig(BaseModel):
+    """config.json, typed where this project reads it; every other key is kept as written
+    (extra="allow"), so `to_json` gives back exactly what was read."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, protected_namespaces=())
+
+    model_type: str | None = None
+    architectures: list[str] | None = None
+    auto_map: dict[str, str | list[str | None]] | None = None  # remote-code classes
+    dtype: str | None = None  # transformers 5
+    torch_dtype: str | None = None  # older transformers
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    max_position_embeddings: int | None = None
+    tie_word_embeddings: bool | None = None
+    hidden_act: str | None = None
+    topk_method: str | None = None  # DeepSeek routing
+    n_group: int | None = None
+    text_config: ModelConfig | None = None  # multimodal models' language part
+    # the checkpoint's quantization block: open third-party JSON (compressed-tensors, GPTQ,
+    # AWQ, fp8), parsed and written only by quantize.model.qconfig
+    quantization_config: dict[str, Any] | None = None
+
+    @property
+    def text(self) -> ModelConfig:
+        """The language model's config (`text_config` of multimodal models, else itself)."""
+        return self.text_config if self.text_config and self.text_config.to_json() else self
+
+    @property
+    def remote_code(self) -> bool:
+        """Whether the config names classes from the model repo's own code (`auto_map`)."""
+        return bool(self.auto_map)
+
+    def to_json(self) -> dict[str, Any]:
+        """The config.json object as read (or as built), for json.dumps and transformers."""
+        return self.model_dump(exclude_unset=True)
+
+    def architecture(self) -> dict[str, Any]:
+        """The config as the unquantized architecture (for building a meta model)."""
+        return self.model_dump(exclude_unset=True, exclude={"quantization_config"})
+
+    def without(self, *keys: str) -> ModelConfig:
+        """The same config without `keys` (absent, not null)."""
+        return ModelConfig.model_validate(self.model_dump(exclude_unset=True, exclude=set(keys)))
+
+    def updated(self, **values: Any) -> ModelConfig:
+        """The same config with `values` set (an export's dtype and quantization block)."""
+        return ModelConfig.model_validate(self.to_json() | values)
+
+    def cache_key(self) -> str:
+        """A stable text of the whole config (a cache key for built configs and models)."""
+        return json.dumps(self.to_json(), sort_keys=True)
+
+    @classmethod
+    def from_json_text(cls, text: str) -> ModelConfig:
+        return cls.model_validate(json.loads(text))
+
+
 def config_path(folder: Path) -> Path:
     return folder / CONFIG
 
 
-def read_config(folder: Path, *, error: type[Exception] = ModelError) -> dict[str, Any]:
-    """config.json of a model or checkpoint folder as a dict; `error` (a QuantizeError
-    class) names what is wrong when the file is missing or not a JSON object."""
+def read_config(folder: Path, *, error: type[Exception] = ModelError) -> ModelConfig:
+    """config.json of a model or checkpoint folder, typed; `error` (a QuantizeError class)
+    names what is wrong when the file is missing, not a JSON object or of the wrong types."""
     path = folder / CONFIG
     try:
         data = json.loads(path.read_text())
@@ -42,20 +105,27 @@ def read_config(folder: Path, *, error: type[Exception] = ModelError) -> dict[st
             from None
     if not isinstance(data, dict):
         raise error(f"{path}: expected a JSON object")
-    return data
+    try:
+        return ModelConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise error(f"{path}: config.json {where}: {err['msg']}; fix or re-download it") \
+            from None
 
 
-def write_config(folder: Path, config: dict[str, Any]) -> None:
+def write_config(folder: Path, config: ModelConfig) -> None:
     """config.json written atomically (exports and converted models)."""
     from quantize.run.files import atomic_write_text
 
-    atomic_write_text(folder / CONFIG, json.dumps(config, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(folder / CONFIG,
+                      json.dumps(config.to_json(), indent=2, sort_keys=True) + "\n")
 
 
-def config_dtype(config: dict[str, Any]) -> str | None:
+def config_dtype(config: ModelConfig) -> str | None:
     """The checkpoint's dtype name (`bfloat16`, `float16`, ...): transformers 5 writes
     `dtype`, older versions `torch_dtype`; None when the config names none."""
-    value = config.get("dtype") or config.get("torch_dtype")
+    value = config.dtype or config.torch_dtype
     return str(value).removeprefix("torch.") if value else None
 
 
@@ -64,13 +134,13 @@ def dtype_bytes(name: str | None) -> int | None:
     return _DTYPE_BYTES.get(str(name).removeprefix("torch.")) if name else None
 
 
-def weight_bytes(config: dict[str, Any]) -> int:
+def weight_bytes(config: ModelConfig) -> int:
     """Bytes per weight as the checkpoint stores them (fp32 checkpoints stay fp32; bf16 when
     the config names no dtype): what loading it for calibration costs."""
     return 4 if (config_dtype(config) or "bfloat16") in ("float32", "float") else 2
 
 
-def serving_dtype_bytes(config: dict[str, Any], *, error: type[Exception] = ModelError) -> int:
+def serving_dtype_bytes(config: ModelConfig, *, error: type[Exception] = ModelError) -> int:
     """Bytes per unquantized weight and KV element in vLLM: dtype=auto serves bf16/fp16
     checkpoints as they are and fp32 ones (e.g. gemma-2) in 16 bits, so always 2; a dtype
     that is not a float checkpoint dtype is refused."""
@@ -81,7 +151,7 @@ def serving_dtype_bytes(config: dict[str, Any], *, error: type[Exception] = Mode
     return 2
 
 
-def torch_dtype(config: dict[str, Any], *, allow_fp32: bool = False) -> Any:
+def torch_dtype(config: ModelConfig, *, allow_fp32: bool = False) -> Any:
     """The torch dtype to load the checkpoint in: its own 16-bit dtype, bf16 when it names
     none (or fp32, unless `allow_fp32`)."""
     import torch
@@ -92,24 +162,22 @@ def torch_dtype(config: dict[str, Any], *, allow_fp32: bool = False) -> Any:
 
 
 # --- the architecture -----------------------------------------------------------------------
-def hf_config(config: dict[str, Any]) -> Any:
+def hf_config(config: ModelConfig) -> Any:
     """transformers' config object for this config.json (no weights, no remote code)."""
-    return _hf_config(json.dumps(config, sort_keys=True))
+    return _hf_config(config.cache_key())
 
 
 @functools.lru_cache(maxsize=16)
 def _hf_config(config_json: str) -> Any:
-    return build_hf_config(json.loads(config_json))
+    return build_hf_config(ModelConfig.from_json_text(config_json))
 
 
-def build_hf_config(config: dict[str, Any]) -> Any:
+def build_hf_config(config: ModelConfig) -> Any:
     """A new transformers config object for the unquantized architecture of `config` (the
     meta model builder gets its own: building a model may set attributes on it)."""
     from transformers import AutoConfig
 
-    from quantize.model.qconfig import without_quant_config
-
-    fields = without_quant_config(config)
+    fields = config.architecture()
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
@@ -149,7 +217,7 @@ class Shape:
         return max(1, self.kv_heads // tp)
 
 
-def model_shape(config: dict[str, Any], hf: Any = None, *,
+def model_shape(config: ModelConfig, hf: Any = None, *,
                 error: type[Exception] = ModelError) -> Shape:
     """The architecture of `config` (`hf`: its transformers config when already built)."""
     c = hf if hf is not None else hf_config(config)
@@ -172,7 +240,7 @@ def model_shape(config: dict[str, Any], hf: Any = None, *,
     if not shared and getattr(text, "n_shared_experts", None):
         shared = int(text.n_shared_experts) * moe_inter
     return Shape(
-        model_type=str(config.get("model_type", "")), hidden=hidden,
+        model_type=config.model_type or "", hidden=hidden,
         intermediate=int(getattr(text, "intermediate_size", 0) or 0), layers=layers, heads=heads,
         kv_heads=kv, head_dim=head_dim, vocab=int(text.vocab_size),
         max_position=getattr(text, "max_position_embeddings", None),
@@ -194,25 +262,23 @@ def _layer_kinds(c: Any, layers: int, window: Any) -> tuple[str, ...]:
     return ("full",) * layers
 
 
-def kv_dims(config: dict[str, Any]) -> tuple[int, int, int] | None:
+def kv_dims(config: ModelConfig) -> tuple[int, int, int] | None:
     """(layers, KV heads, head dim) from the raw config (no transformers), for configs
     transformers cannot build (remote-code architectures); None if it lacks the sizes."""
-    text = config.get("text_config") or config
+    text = config.text
     dim = head_dim(config)
-    try:
-        layers = int(text["num_hidden_layers"])
-        kv_heads = int(text.get("num_key_value_heads") or text["num_attention_heads"])
-    except (KeyError, TypeError, ValueError):
+    kv_heads = text.num_key_value_heads or text.num_attention_heads
+    if text.num_hidden_layers is None or kv_heads is None or dim is None:
         return None
-    return None if dim is None else (layers, kv_heads, dim)
+    return text.num_hidden_layers, kv_heads, dim
 
 
-def head_dim(config: dict[str, Any]) -> int | None:
+def head_dim(config: ModelConfig) -> int | None:
     """The attention head size from the raw config (no transformers): for checks that must
     work on any checkpoint's config."""
-    text = config.get("text_config") or config
-    if text.get("head_dim"):
-        return int(text["head_dim"])
-    if text.get("hidden_size") and text.get("num_attention_heads"):
-        return int(text["hidden_size"]) // int(text["num_attention_heads"])
+    text = config.text
+    if text.head_dim:
+        return text.head_dim
+    if text.hidden_size and text.num_attention_heads:
+        return text.hidden_size // text.num_attention_heads
     return None

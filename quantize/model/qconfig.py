@@ -1,4 +1,4 @@
-"""The one reader of a checkpoint's `quantization_config` (config.json).
+"""The one reader and writer of a checkpoint's `quantization_config` (config.json).
 
 Three families reach this project: compressed-tensors (llm-compressor's exports: config
 groups of weight / input-activation arguments, an ignore list, an optional
@@ -6,7 +6,9 @@ groups of weight / input-activation arguments, an ignore list, an optional
 sym / zero_point, checkpoint_format) and block FP8 (`quant_method: fp8`, published
 DeepSeek-style checkpoints the planner sizes). `read_quant_config` turns any of them into
 one typed `QuantConfig`; verify, eval, export, the planner, the support check and the card
-read that, never the raw keys.
+read that, never the raw keys. `with_quant_config` is the one writer (the native engines'
+exports), `raw_quant_config` hands the block as written to compressed-tensors' own loader, and
+the messages that name the block are built here.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quantize.errors import QuantizeError
+from quantize.model.config import ModelConfig
 from quantize.spec.schemes import SCHEMES, Scheme
 
 NATIVE_METHODS = ("gptq", "awq")
@@ -193,7 +196,7 @@ def parse(qc: dict[str, Any], *, error: type[Exception] = QuantizeError) -> Quan
     if method == "fp8":
         return _fp8_block(qc)
     if method != "compressed-tensors":
-        raise error(f"quantization_config.quant_method is {method!r}; this project reads "
+        raise error(f"{method_is(method)}; this project reads "
                     "compressed-tensors, native gptq/awq and fp8 checkpoints")
     groups = tuple(
         Group(name, tuple(g.get("targets") or ["Linear"]), Args.read(g.get("weights")),
@@ -203,18 +206,67 @@ def parse(qc: dict[str, Any], *, error: type[Exception] = QuantizeError) -> Quan
                        Args.read(qc.get("kv_cache_scheme")), qc.get("format"), raw=qc)
 
 
-def read_quant_config(config: dict[str, Any], *,
+def read_quant_config(config: ModelConfig, *,
                       error: type[Exception] = QuantizeError) -> QuantConfig | None:
     """The checkpoint's quantization_config, typed; None for an unquantized model."""
-    qc = config.get("quantization_config")
+    qc = config.quantization_config
     return parse(qc, error=error) if qc else None
 
 
-def quant_method(config: dict[str, Any]) -> str | None:
+def require_quant_config(config: ModelConfig, where: str, consequence: str, *,
+                         error: type[Exception] = QuantizeError) -> QuantConfig:
+    """The checkpoint's quantization_config, typed; `error` naming `where` (the file's folder
+    and separator) and `consequence` when the config has none."""
+    qc = read_quant_config(config, error=error)
+    if qc is None:
+        raise error(f"{where}config.json has no quantization_config; {consequence}")
+    return qc
+
+
+def quant_method(config: ModelConfig) -> str | None:
     """`quantization_config.quant_method`, or None (without parsing the rest)."""
-    return (config.get("quantization_config") or {}).get("quant_method")
+    method = (config.quantization_config or {}).get("quant_method")
+    return str(method) if method is not None else None
 
 
-def without_quant_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The config as the unquantized architecture (for building a meta model)."""
-    return {k: v for k, v in config.items() if k != "quantization_config"}
+def method_is(method: object) -> str:
+    """How a message names a checkpoint's quantization method."""
+    return f"quantization_config.quant_method is {method!r}"
+
+
+def unsized_method(method: str | None) -> str:
+    """The planner's refusal of a quantization method it cannot size."""
+    return (f"cannot size quantization_config quant_method {method!r}; plan from the "
+            "unquantized base model's config.json instead")
+
+
+def raw_quant_config(config: ModelConfig) -> dict[str, Any] | None:
+    """The quantization_config as written (third-party JSON), for compressed-tensors' and
+    the native engines' own readers."""
+    return config.quantization_config
+
+
+def compress_as_stored(model: Any, config: ModelConfig) -> Any:
+    """compressed-tensors' own reading of the checkpoint's quantization_config, applied to
+    `model` (built from config, unquantized) and its parameters compressed into the layout the
+    checkpoint stores; returns the ModelCompressor that decompresses them again."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
+
+    qc = QuantizationConfig.model_validate(config.quantization_config)
+    apply_quantization_config(model, qc)
+    compressor = ModelCompressor(quantization_config=qc)
+    compressor.compress_model(model)
+    return compressor
+
+
+def without_quant_config(config: ModelConfig) -> ModelConfig:
+    """The config as the unquantized architecture (the planner's baseline of an export)."""
+    return config.without("quantization_config")
+
+
+def with_quant_config(config: ModelConfig, qc: dict[str, Any], dtype: str) -> ModelConfig:
+    """The one writer: `config` as an export declares itself, its weights' dtype (`dtype`, the
+    transformers 5 key, replacing an older `torch_dtype`) and the engine's quantization_config
+    as the engine wrote it."""
+    return config.without("torch_dtype").updated(dtype=dtype, quantization_config=qc)
