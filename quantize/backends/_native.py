@@ -20,6 +20,7 @@ from quantize.errors import QuantizationError
 from quantize.model.config import read_config, torch_dtype, write_config
 from quantize.model.qconfig import (  # noqa: F401 (verify imports NATIVE_METHODS from here)
     NATIVE_METHODS,
+    QuantizationJSON,
     raw_quant_config,
     with_quant_config,
 )
@@ -142,11 +143,11 @@ def source_dtype(path: Path) -> Any:
     return torch_dtype(read_config(path))
 
 
-def finish(out: Path, source: Path, logs: Path, dtype: Any) -> dict[str, Any]:
+def finish(out: Path, source: Path, logs: Path, dtype: Any) -> QuantizationJSON:
     """Make the engine's folder an export like the others: the source's tokenizer, generation
     config and model config (plus the engine's quantization block and the weights' dtype,
     quantize.model.qconfig.with_quant_config); the engine's per-layer log moves to the run's
-    logs. Returns the quantization block as the engine wrote it."""
+    logs. Returns the quantization block as the engine wrote it, typed."""
     from transformers import AutoTokenizer
 
     for name in ("quant_log.csv",):
@@ -167,7 +168,7 @@ def finish(out: Path, source: Path, logs: Path, dtype: Any) -> dict[str, Any]:
                             "re-run the quantize stage")
     write_config(out, with_quant_config(read_config(source), qc,
                                         str(dtype).removeprefix("torch.")))
-    return qc
+    return QuantizationJSON.model_validate(qc)
 
 
 def check_job(job: Any, engine: str) -> None:

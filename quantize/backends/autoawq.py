@@ -15,7 +15,7 @@ import importlib.util
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quantize.backends import QuantizeJob
 from quantize.backends._native import (
@@ -66,7 +66,16 @@ def check_model(config: ModelConfig) -> None:
             "llmcompressor")
 
 
-def quant_config(recipe: Recipe, group_size: int | None) -> dict[str, Any]:
+class AWQQuantConfig(TypedDict):
+    """AutoAWQ's `quant_config` argument."""
+
+    zero_point: bool
+    q_group_size: int
+    w_bit: int
+    version: str
+
+
+def quant_config(recipe: Recipe, group_size: int | None) -> AWQQuantConfig:
     info = SCHEMES[recipe.scheme]  # W4A16_ASYM: the recipe validator allows nothing else
     return {"zero_point": not info.symmetric, "q_group_size": group_size or -1,
             "w_bit": info.weight_bits, "version": "GEMM"}
@@ -118,7 +127,7 @@ class AutoAWQBackend:
             model.save_quantized(str(out), safetensors=True)
         qc = finish(out, job.model_path, logs, src)
         return {"engine": "autoawq", "engine_version": importlib.metadata.version("autoawq"),
-                "quant_method": qc.get("quant_method"), "format": qc.get("version"),
+                "quant_method": qc.quant_method, "format": qc.version,
                 "calibration_dtype": str(dtype).split(".")[-1],
                 "export_dtype": str(src).split(".")[-1]}
 

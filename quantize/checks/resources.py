@@ -176,7 +176,7 @@ def _gib(n: float) -> float:
 
 
 def check_gpu_memory(est: GpuEstimate, batch: int, seq: int,
-                     host_need: int) -> dict[str, Any]:
+                     host_need: int) -> dict[str, str | float]:
     """Pick the cheapest placement that fits the free GPU memory, or refuse."""
     free = gpu_free_bytes()
     resident = est.need("resident")
@@ -248,7 +248,7 @@ def _size(n: int) -> str:
     return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
 
 
-def check_disk(needs: list[DiskNeed], *, free: Any = None) -> dict[str, Any]:
+def check_disk(needs: list[DiskNeed], *, free: Any = None) -> dict[str, dict[str, int]]:
     """Sum the needs per file system (two folders on one disk share its free space) and
     refuse, on one line (need, free, path, fix), the first file system they overflow.
     Returns the facts recorded in the manifest. `free(path)` is injectable for tests."""
@@ -263,7 +263,7 @@ def check_disk(needs: list[DiskNeed], *, free: Any = None) -> dict[str, Any]:
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
         by_fs.setdefault(os.stat(probe).st_dev, []).append(need)
-    facts: dict[str, Any] = {"disk_needed_bytes": {n.what: n.bytes for n in needs}}
+    facts = {"disk_needed_bytes": {n.what: n.bytes for n in needs}}
     for group in by_fs.values():
         total = sum(n.bytes for n in group)
         room = int(free(group[0].path))

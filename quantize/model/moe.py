@@ -40,12 +40,12 @@ def _has_experts(parent: Any) -> bool:
     return any(n == "experts" for n, _ in parent.named_children())
 
 
-def router_modules(model: Any) -> dict[str, Any]:
+def router_modules(model: Any) -> dict[str, torch.nn.Module]:
     """Every module that routes tokens to experts or gates a shared expert, by name: its last
     name component is a router name, its parent holds `experts` (or it gates a shared expert),
     and it has a 2-D weight. Works on a meta-device model."""
     modules = dict(model.named_modules())
-    out: dict[str, Any] = {}
+    out: dict[str, torch.nn.Module] = {}
     for name, mod in modules.items():
         parent_name, _, last = name.rpartition(".")
         if last not in ROUTER_NAMES:
@@ -58,7 +58,7 @@ def router_modules(model: Any) -> dict[str, Any]:
     return out
 
 
-def routing_modules(model: Any) -> dict[str, Any]:
+def routing_modules(model: Any) -> dict[str, torch.nn.Module]:
     """The routers proper (not shared-expert gates): the modules whose output picks experts."""
     return {n: m for n, m in router_modules(model).items()
             if not n.endswith("shared_expert_gate")}

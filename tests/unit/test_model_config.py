@@ -70,3 +70,13 @@ def test_text_config_is_the_language_part() -> None:
     assert cfg.text.num_hidden_layers == 3
     assert ModelConfig.model_validate({"num_hidden_layers": 2, "text_config": {}}).text \
         .num_hidden_layers == 2
+
+
+def test_a_mistyped_quantization_key_is_one_line_naming_it() -> None:
+    from quantize.errors import QuantizeError
+    from quantize.model.qconfig import parse
+
+    with pytest.raises(QuantizeError, match=r"quantization_config\.bits: .*this project reads"):
+        parse({"quant_method": "gptq", "bits": "four"})
+    with pytest.raises(QuantizeError, match=r"quant_method is 'bitsandbytes'"):
+        parse({"quant_method": "bitsandbytes", "bits": "four"})  # the method is named first
