@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from quantize.errors import ModelError
 
@@ -27,52 +27,113 @@ _SERVED = ("bfloat16", "float16", "float32")
 
 
 class ModelConfig(BaseModel):
-    """config.json, typed where this project reads it; every other key is kept as written
-    (extra="allow"), so `to_json` gives back exactly what was read."""
+    """config.json as a typed view. Every key is kept exactly as written (extra="allow";
+    nothing is coerced or refused here, so `to_json` gives back what was read and a config
+    with a mistyped field still reaches the check that names it, e.g. transformers'); the
+    properties are the fields this project reads, typed: a value of another JSON type reads
+    as absent."""
 
-    model_config = ConfigDict(extra="allow", frozen=True, protected_namespaces=())
+    model_config = ConfigDict(extra="allow", frozen=True)
 
-    model_type: str | None = None
-    architectures: list[str] | None = None
-    auto_map: dict[str, str | list[str | None]] | None = None  # remote-code classes
-    dtype: str | None = None  # transformers 5
-    torch_dtype: str | None = None  # older transformers
-    hidden_size: int | None = None
-    num_hidden_layers: int | None = None
-    num_attention_heads: int | None = None
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    max_position_embeddings: int | None = None
-    tie_word_embeddings: bool | None = None
-    hidden_act: str | None = None
-    topk_method: str | None = None  # DeepSeek routing
-    n_group: int | None = None
-    text_config: ModelConfig | None = None  # multimodal models' language part
-    # the checkpoint's quantization block: open third-party JSON (compressed-tensors, GPTQ,
-    # AWQ, fp8), parsed and written only by quantize.model.qconfig
-    quantization_config: dict[str, Any] | None = None
+    def _get(self, key: str) -> Any:
+        return (self.model_extra or {}).get(key)
+
+    def _int(self, key: str) -> int | None:
+        value = self._get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def _str(self, key: str) -> str | None:
+        value = self._get(key)
+        return value if isinstance(value, str) else None
+
+    def has(self, key: str) -> bool:
+        return key in (self.model_extra or {})
 
     @property
-    def text(self) -> ModelConfig:
-        """The language model's config (`text_config` of multimodal models, else itself)."""
-        return self.text_config if self.text_config and self.text_config.to_json() else self
+    def model_type(self) -> str | None:
+        return self._str("model_type")
+
+    @property
+    def architectures(self) -> list[str]:
+        """The model classes config.json names (vLLM picks its class from them)."""
+        value = self._get("architectures")
+        return [str(a) for a in value] if isinstance(value, list) else []
 
     @property
     def remote_code(self) -> bool:
         """Whether the config names classes from the model repo's own code (`auto_map`)."""
-        return bool(self.auto_map)
+        return bool(self._get("auto_map"))
+
+    @property
+    def declared_dtype(self) -> str | None:
+        """`dtype` (transformers 5) or `torch_dtype` (older), without a `torch.` prefix."""
+        value = self._get("dtype") or self._get("torch_dtype")
+        return str(value).removeprefix("torch.") if value else None
+
+    @property
+    def hidden_size(self) -> int | None:
+        return self._int("hidden_size")
+
+    @property
+    def num_hidden_layers(self) -> int | None:
+        return self._int("num_hidden_layers")
+
+    @property
+    def num_attention_heads(self) -> int | None:
+        return self._int("num_attention_heads")
+
+    @property
+    def num_key_value_heads(self) -> int | None:
+        return self._int("num_key_value_heads")
+
+    @property
+    def head_dim(self) -> int | None:
+        return self._int("head_dim")
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        return self._int("max_position_embeddings")
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        return bool(self._get("tie_word_embeddings"))
+
+    @property
+    def hidden_act(self) -> str | None:
+        return self._str("hidden_act")
+
+    @property
+    def topk_method(self) -> str | None:  # DeepSeek routing
+        return self._str("topk_method")
+
+    @property
+    def n_group(self) -> int | None:
+        return self._int("n_group")
+
+    @property
+    def text(self) -> ModelConfig:
+        """The language model's config (`text_config` of multimodal models, else itself)."""
+        value = self._get("text_config")
+        return ModelConfig.model_validate(value) if isinstance(value, dict) and value else self
+
+    @property
+    def quantization_config(self) -> dict[str, Any] | None:
+        """The checkpoint's quantization block: open third-party JSON (compressed-tensors,
+        GPTQ, AWQ, fp8), parsed and written only by quantize.model.qconfig."""
+        value = self._get("quantization_config")
+        return value if isinstance(value, dict) else None
 
     def to_json(self) -> dict[str, Any]:
         """The config.json object as read (or as built), for json.dumps and transformers."""
-        return self.model_dump(exclude_unset=True)
+        return self.model_dump()
 
     def architecture(self) -> dict[str, Any]:
         """The config as the unquantized architecture (for building a meta model)."""
-        return self.model_dump(exclude_unset=True, exclude={"quantization_config"})
+        return self.model_dump(exclude={"quantization_config"})
 
     def without(self, *keys: str) -> ModelConfig:
         """The same config without `keys` (absent, not null)."""
-        return ModelConfig.model_validate(self.model_dump(exclude_unset=True, exclude=set(keys)))
+        return ModelConfig.model_validate(self.model_dump(exclude=set(keys)))
 
     def updated(self, **values: Any) -> ModelConfig:
         """The same config with `values` set (an export's dtype and quantization block)."""
@@ -93,7 +154,7 @@ def config_path(folder: Path) -> Path:
 
 def read_config(folder: Path, *, error: type[Exception] = ModelError) -> ModelConfig:
     """config.json of a model or checkpoint folder, typed; `error` (a QuantizeError class)
-    names what is wrong when the file is missing, not a JSON object or of the wrong types."""
+    names what is wrong when the file is missing or not a JSON object."""
     path = folder / CONFIG
     try:
         data = json.loads(path.read_text())
@@ -105,13 +166,7 @@ def read_config(folder: Path, *, error: type[Exception] = ModelError) -> ModelCo
             from None
     if not isinstance(data, dict):
         raise error(f"{path}: expected a JSON object")
-    try:
-        return ModelConfig.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(x) for x in err["loc"])
-        raise error(f"{path}: config.json {where}: {err['msg']}; fix or re-download it") \
-            from None
+    return ModelConfig.model_validate(data)
 
 
 def write_config(folder: Path, config: ModelConfig) -> None:
@@ -125,8 +180,7 @@ def write_config(folder: Path, config: ModelConfig) -> None:
 def config_dtype(config: ModelConfig) -> str | None:
     """The checkpoint's dtype name (`bfloat16`, `float16`, ...): transformers 5 writes
     `dtype`, older versions `torch_dtype`; None when the config names none."""
-    value = config.dtype or config.torch_dtype
-    return str(value).removeprefix("torch.") if value else None
+    return config.declared_dtype
 
 
 def dtype_bytes(name: str | None) -> int | None:

@@ -174,7 +174,7 @@ def silu_experts(config: ModelConfig) -> bool:
     """Whether the experts compute SiLU(gate) * up (gpt-oss clamps and biases its SwiGLU:
     vLLM's MoEActivation.SWIGLUOAI)."""
     cfg = config.text
-    act = cfg.hidden_act if "hidden_act" in cfg.model_fields_set else "silu"
+    act = cfg.hidden_act if cfg.has("hidden_act") else "silu"
     return cfg.model_type != "gpt_oss" and act == "silu"
 
 
