@@ -134,7 +134,7 @@ def run_oneshot(a: argparse.Namespace, prof: profiler.Prof | None) -> dict[str, 
     # A plain user writes the group size down; only `auto` needs the pipeline's preflight.
     group_size = recipe.group_size if isinstance(recipe.group_size, int) or \
         recipe.group_size is None else \
-        check(recipe, json.loads((model_dir / "config.json").read_text()))["group_size"]
+        check(recipe, read_config(model_dir))["group_size"]
     if prof:
         prof.enter("tokenize")
     samples = calibration_samples(a.recipe, a.calib, a.model) if recipe.needs_calibration else []

@@ -42,7 +42,7 @@ def init_process_group(device: str) -> str:
     return "nccl"
 
 
-def _gather_peaks(rank: int, world_size: int, device: str) -> list[dict[str, Any]]:
+def _gather_peaks(rank: int, world_size: int, device: str) -> list[dict[str, int | float]]:
     """Each rank's peak host RSS and GPU memory, gathered to every rank (the parent process
     sees none of it: the work happens in these processes)."""
     import resource
@@ -51,7 +51,7 @@ def _gather_peaks(rank: int, world_size: int, device: str) -> list[dict[str, Any
     import torch.distributed as dist
 
     gib = 2**30
-    mine: dict[str, Any] = {"rank": rank, "peak_rss_gib": round(
+    mine: dict[str, int | float] = {"rank": rank, "peak_rss_gib": round(
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / gib, 2)}
     if device != "cpu":
         mine["gpu_peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / gib, 2)

@@ -16,8 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from quantize.errors import QuantizationError
 from quantize.model.config import read_config, torch_dtype, write_config
-from quantize.model.qconfig import NATIVE_METHODS  # noqa: F401 (verify imports it from here)
+from quantize.model.qconfig import (  # noqa: F401 (verify imports NATIVE_METHODS from here)
+    NATIVE_METHODS,
+    QuantizationJSON,
+    raw_quant_config,
+    with_quant_config,
+)
 
 # Files a checkpoint's tokenizer consists of; the engines rewrite them in their own way
 # (GPTQModel adds a pad token and renames the tokenizer class), so they are written afresh.
@@ -137,10 +143,11 @@ def source_dtype(path: Path) -> Any:
     return torch_dtype(read_config(path))
 
 
-def finish(out: Path, source: Path, logs: Path, dtype: Any) -> dict[str, Any]:
+def finish(out: Path, source: Path, logs: Path, dtype: Any) -> QuantizationJSON:
     """Make the engine's folder an export like the others: the source's tokenizer, generation
-    config and model config (plus the engine's quantization_config and the weights' dtype);
-    the engine's per-layer log moves to the run's logs. Returns the quantization_config."""
+    config and model config (plus the engine's quantization block and the weights' dtype,
+    quantize.model.qconfig.with_quant_config); the engine's per-layer log moves to the run's
+    logs. Returns the quantization block as the engine wrote it, typed."""
     from transformers import AutoTokenizer
 
     for name in ("quant_log.csv",):
@@ -155,12 +162,13 @@ def finish(out: Path, source: Path, logs: Path, dtype: Any) -> dict[str, Any]:
         shutil.copyfile(gen, out / "generation_config.json")
     else:  # the engine would invent one (GPTQModel sets do_sample: true)
         (out / "generation_config.json").unlink(missing_ok=True)
-    qc: dict[str, Any] = read_config(out)["quantization_config"]
-    config = read_config(source)
-    config.pop("torch_dtype", None)
-    config.update({"dtype": str(dtype).removeprefix("torch."), "quantization_config": qc})
-    write_config(out, config)
-    return qc
+    qc = raw_quant_config(read_config(out))
+    if qc is None:
+        raise QuantizationError(f"{out}: the engine wrote no quantization block into config.json; "
+                            "re-run the quantize stage")
+    write_config(out, with_quant_config(read_config(source), qc,
+                                        str(dtype).removeprefix("torch.")))
+    return QuantizationJSON.model_validate(qc)
 
 
 def check_job(job: Any, engine: str) -> None:

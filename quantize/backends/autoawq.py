@@ -15,7 +15,7 @@ import importlib.util
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quantize.backends import QuantizeJob
 from quantize.backends._native import (
@@ -27,7 +27,7 @@ from quantize.backends._native import (
     source_dtype,
 )
 from quantize.errors import NotImplementedFeature
-from quantize.model.config import read_config
+from quantize.model.config import ModelConfig, read_config
 from quantize.spec.recipe import AWQOptions, Recipe
 from quantize.spec.schemes import SCHEMES
 
@@ -46,7 +46,7 @@ VERIFIED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2",
 UNVERIFIED_ENV = "QUANTIZE_AUTOAWQ_UNVERIFIED"
 
 
-def check_model(config: dict[str, Any]) -> None:
+def check_model(config: ModelConfig) -> None:
     """Refuse: AutoAWQ's output is broken on the pinned transformers (see above); and with the
     override, model types it was not even run with."""
     tf = importlib.metadata.version("transformers")
@@ -57,7 +57,7 @@ def check_model(config: dict[str, Any]) -> None:
             "checkpoint of the default model here (perplexity 17.9 -> 194,000, garbage in "
             "vLLM too); use awq-int4-gptqmodel or awq-int4 (set "
             f"{UNVERIFIED_ENV}=1 only to reproduce it)")
-    mt = config.get("model_type")
+    mt = config.model_type
     if mt not in VERIFIED_MODEL_TYPES:
         raise NotImplementedFeature(
             f"backend autoawq (archived upstream, tested by its authors only up to "
@@ -66,7 +66,16 @@ def check_model(config: dict[str, Any]) -> None:
             "llmcompressor")
 
 
-def quant_config(recipe: Recipe, group_size: int | None) -> dict[str, Any]:
+class AWQQuantConfig(TypedDict):
+    """AutoAWQ's `quant_config` argument."""
+
+    zero_point: bool
+    q_group_size: int
+    w_bit: int
+    version: str
+
+
+def quant_config(recipe: Recipe, group_size: int | None) -> AWQQuantConfig:
     info = SCHEMES[recipe.scheme]  # W4A16_ASYM: the recipe validator allows nothing else
     return {"zero_point": not info.symmetric, "q_group_size": group_size or -1,
             "w_bit": info.weight_bits, "version": "GEMM"}
@@ -83,7 +92,7 @@ def _load_awq() -> Any:
 class AutoAWQBackend:
     name = "autoawq"
 
-    def check_model(self, config: dict[str, Any]) -> None:
+    def check_model(self, config: ModelConfig) -> None:
         check_model(config)
 
     def quantize(self, job: QuantizeJob, out: Path) -> dict[str, Any]:
@@ -118,7 +127,7 @@ class AutoAWQBackend:
             model.save_quantized(str(out), safetensors=True)
         qc = finish(out, job.model_path, logs, src)
         return {"engine": "autoawq", "engine_version": importlib.metadata.version("autoawq"),
-                "quant_method": qc.get("quant_method"), "format": qc.get("version"),
+                "quant_method": qc.quant_method, "format": qc.version,
                 "calibration_dtype": str(dtype).split(".")[-1],
                 "export_dtype": str(src).split(".")[-1]}
 

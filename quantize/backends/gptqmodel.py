@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quantize.backends import QuantizeJob
 from quantize.backends._native import (
@@ -38,6 +38,15 @@ _ACTORDER = {"static": (False, True), "weight": (False, True), "group": (True, F
              None: (False, False)}
 
 
+class _Common(TypedDict):
+    """What GPTQModel's GPTQConfig and AWQConfig both take from the recipe."""
+
+    bits: int
+    group_size: int
+    sym: bool
+    offload_to_disk: bool
+
+
 def quant_config(recipe: Recipe, group_size: int | None) -> Any:
     """GPTQModel's config for the recipe (the recipe validator allowed only what it does)."""
     from gptqmodel.quantization import AWQConfig, GPTQConfig
@@ -45,8 +54,8 @@ def quant_config(recipe: Recipe, group_size: int | None) -> Any:
     info = SCHEMES[recipe.scheme]
     # offload_to_disk would record a temporary folder in config.json; the model is in
     # memory anyway, as it is with llm-compressor, so the memory comparison stays fair.
-    common: dict[str, Any] = {"bits": info.weight_bits, "group_size": group_size or -1,
-                              "sym": info.symmetric, "offload_to_disk": False}
+    common = _Common(bits=info.weight_bits, group_size=group_size or -1, sym=info.symmetric,
+                     offload_to_disk=False)
     if recipe.method == "gptq":
         opts = recipe.gptq or GPTQOptions()
         desc_act, gar = _ACTORDER[opts.actorder]
@@ -111,8 +120,8 @@ class GPTQModelBackend:
             model.save(str(out))
         qc = finish(out, job.model_path, logs, src)
         return {"engine": "gptqmodel", "engine_version": importlib.metadata.version("gptqmodel"),
-                "batch_size": job.batch_size, "quant_method": qc.get("quant_method"),
-                "format": qc.get("format"), "calibration_dtype": str(dtype).split(".")[-1],
+                "batch_size": job.batch_size, "quant_method": qc.quant_method,
+                "format": qc.format, "calibration_dtype": str(dtype).split(".")[-1],
                 "export_dtype": str(src).split(".")[-1]}
 
 

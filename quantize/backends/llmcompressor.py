@@ -8,7 +8,7 @@ import logging
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from quantize.backends import QuantizeJob
 from quantize.checks.preflight import override_group_size  # the one rule pre-flight checks too
@@ -17,13 +17,35 @@ from quantize.model.config import read_config, torch_dtype
 from quantize.spec.recipe import AutoRoundOptions, AWQOptions, GPTQOptions, Recipe
 from quantize.spec.schemes import SCHEMES
 
+if TYPE_CHECKING:
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+
+class QuantizerArgs(TypedDict, total=False):
+    """The keyword arguments every llm-compressor quantizing modifier takes from a recipe."""
+
+    config_groups: dict[str, QuantizationScheme]
+    ignore: list[str]
+    kv_cache_scheme: QuantizationArgs
+
+
+class OneshotArgs(TypedDict, total=False):
+    """The keyword arguments of llm-compressor's `oneshot` this engine sets."""
+
+    dataset: Any  # a datasets.Dataset
+    num_calibration_samples: int
+    max_seq_length: int
+    shuffle_calibration_samples: bool
+    batch_size: int
+    sequential_offload_device: str
+
 
 def _scheme(name: str, targets: list[str], group_size: int | None,
-            observer: str | None = None) -> Any:
+            observer: str | None = None) -> QuantizationScheme:
     from compressed_tensors.quantization import preset_name_to_scheme
 
     scheme = preset_name_to_scheme(name, targets)
-    update: dict[str, Any] = {}
+    update: dict[str, int | str] = {}
     if group_size is not None and SCHEMES[name].group:
         update["group_size"] = group_size
     if observer is not None:
@@ -34,7 +56,7 @@ def _scheme(name: str, targets: list[str], group_size: int | None,
     return scheme
 
 
-def config_groups(recipe: Recipe, group_size: int | None) -> dict[str, Any]:
+def config_groups(recipe: Recipe, group_size: int | None) -> dict[str, QuantizationScheme]:
     """compressed-tensors config groups: the main scheme, then each override."""
     groups = {"group_0": _scheme(recipe.scheme, recipe.targets, group_size, recipe.observer)}
     for i, ov in enumerate(recipe.overrides, 1):
@@ -51,7 +73,7 @@ def build_modifiers(recipe: Recipe, group_size: int | None) -> list[Any]:
     from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
 
     groups = config_groups(recipe, group_size)
-    common: dict[str, Any] = {"config_groups": groups, "ignore": list(recipe.ignore)}
+    common: QuantizerArgs = {"config_groups": groups, "ignore": list(recipe.ignore)}
     if recipe.kv_cache == "fp8":
         common["kv_cache_scheme"] = QuantizationArgs(
             num_bits=8, type="float", strategy="tensor", dynamic=False, symmetric=True)
@@ -160,7 +182,7 @@ def calibrate(model: Any, tokenizer: Any, job: QuantizeJob, samples: list[list[i
 
     recipe = job.recipe
     gpu = job.device != "cpu"
-    kwargs: dict[str, Any] = {}
+    kwargs: OneshotArgs = {}
     if recipe.needs_calibration:
         ds = Dataset.from_dict(calibration_columns(samples, gpu))
         kwargs = {"dataset": ds, "num_calibration_samples": len(samples),
@@ -178,11 +200,11 @@ def calibrate(model: Any, tokenizer: Any, job: QuantizeJob, samples: list[list[i
         raise QuantizationError(f"llm-compressor failed: {msg}") from exc
 
 
-def calibration_columns(samples: list[list[int]], gpu: bool) -> dict[str, Any]:
+def calibration_columns(samples: list[list[int]], gpu: bool) -> dict[str, list[list[int]]]:
     """The dataset oneshot reads. On a GPU, equal-length samples (packed windows) go without
     an all-ones attention mask: the model then takes its plain causal attention path instead
     of building a 4-D mask (same result; measured in bench/RESULTS.md). The CPU keeps it."""
-    cols: dict[str, Any] = {"input_ids": samples}
+    cols = {"input_ids": samples}
     if not (gpu and len({len(s) for s in samples}) == 1):
         cols["attention_mask"] = [[1] * len(s) for s in samples]
     return cols
@@ -253,10 +275,11 @@ def cast_parameters(model: Any, dtype: Any) -> None:
                 done[id(old)] = (old, params.offloaded_values[name] if cached else new)
 
 
-def summary(job: QuantizeJob, dtype: Any, src_dtype: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"engine": "llmcompressor", "batch_size": job.batch_size,
-                           "calibration_dtype": str(dtype).split(".")[-1],
-                           "export_dtype": str(src_dtype).split(".")[-1]}
+def summary(job: QuantizeJob, dtype: Any, src_dtype: Any) -> dict[str, str | int | bool]:
+    out: dict[str, str | int | bool] = {
+        "engine": "llmcompressor", "batch_size": job.batch_size,
+        "calibration_dtype": str(dtype).split(".")[-1],
+        "export_dtype": str(src_dtype).split(".")[-1]}
     from quantize.checks.placement import load_plan
 
     plan = load_plan(job.device, job.placement, job.host_tier, job.world_size, job.cpu_budget,
@@ -275,7 +298,7 @@ def _drop_offload(job: QuantizeJob) -> None:
         shutil.rmtree(job.offload_dir, ignore_errors=True)
 
 
-def _gpu_speedups(offload: bool = False) -> dict[str, Any]:
+def _gpu_speedups(offload: bool = False) -> OneshotArgs:
     """GPU defaults measured on an H200 with the Llama-3.1-8B architecture (bench/RESULTS.md):
     TF32 for the fp32 Hessian accumulation (26.1 s -> 7.1 s; GPTQ losses moved by -0.005% in
     total) and layer activations kept on the GPU instead of host memory (10.9 s -> 0.3 s,

@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantize.backends import QuantizeJob
 from quantize.errors import QuantizationError
@@ -35,6 +35,9 @@ from quantize.model.moe import (
     routing_modules,
 )
 from quantize.run.files import atomic_write_json
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _hooks_disabled() -> bool:
@@ -55,9 +58,10 @@ def _top_k(model: Any) -> int:
 class RoutingCounter:
     """Counts, per router, the tokens its top-k sends to each expert."""
 
-    def __init__(self, routers: dict[str, Any], top_k: int, *, follow_engine: bool = True):
+    def __init__(self, routers: dict[str, torch.nn.Module], top_k: int, *,
+                 follow_engine: bool = True):
         self.routers, self.top_k, self.follow_engine = routers, top_k, follow_engine
-        self.counts: dict[str, Any] = {}
+        self.counts: dict[str, torch.Tensor] = {}
         self._handles: list[Any] = []
 
     def _indices(self, output: Any) -> Any:
@@ -90,7 +94,7 @@ class RoutingCounter:
         import torch
 
         for name, mod in self.routers.items():
-            experts = int(mod.weight.shape[0])
+            experts = int(mod.get_parameter("weight").shape[0])
             self.counts[name] = torch.zeros(experts, dtype=torch.int64)
             self._handles.append(mod.register_forward_hook(self._hook(name, experts)))
         return self

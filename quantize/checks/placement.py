@@ -21,7 +21,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from quantize.errors import NotImplementedFeature, QuantizeError
 
@@ -45,8 +45,8 @@ class HostPlan:
     cpu_budget: int | None = None  # with "disk": bytes of weights to keep in RAM
     disk_bytes: int = 0  # with "disk": bytes of weights expected on disk
 
-    def facts(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"host_tier": self.tier,
+    def facts(self) -> dict[str, str | float | None]:
+        out: dict[str, str | float | None] = {"host_tier": self.tier,
                                "host_ram_needed_gib": round(self.need / GiB, 2),
                                "host_ram_free_gib": round(self.free / GiB, 2)}
         if self.tier == "disk":
@@ -107,12 +107,20 @@ def disk_free_bytes(folder: Path) -> int:
 
 
 # --- loading -----------------------------------------------------------------------------
+class LoadArgs(TypedDict, total=False):
+    """transformers' from_pretrained keyword arguments a placement sets."""
+
+    device_map: str | None
+    max_memory: dict[str, int]
+    offload_folder: str
+
+
 @dataclass(frozen=True)
 class Load:
     """How to call from_pretrained: under load_offloaded_model or not, with these kwargs."""
 
     offloaded_context: bool
-    kwargs: dict[str, Any]
+    kwargs: LoadArgs
     where: str  # one line for the console and the manifest
 
 
@@ -152,5 +160,7 @@ def load_plan(device: str, gpu_placement: str, host: str, world_size: int,
         return Load(False, {"device_map": None}, where)
     # an explicit budget: without one, load_offloaded_model asks torch.accelerator for device
     # memory, which raises on a machine without an accelerator
-    budget = {"max_memory": {"cpu": cpu_budget}} if cpu_budget else {}
-    return Load(True, {"device_map": "cpu", **budget}, where)
+    kwargs: LoadArgs = {"device_map": "cpu"}
+    if cpu_budget:
+        kwargs["max_memory"] = {"cpu": cpu_budget}
+    return Load(True, kwargs, where)

@@ -8,7 +8,7 @@ from typing import Any
 
 from quantize.checks.formats import GpuTarget, check_shapes, gpu_notes
 from quantize.errors import PreflightError, QuantizeError, first_line
-from quantize.model.config import build_hf_config
+from quantize.model.config import ModelConfig, build_hf_config
 from quantize.progress import info
 from quantize.spec.recipe import Override, Recipe
 from quantize.spec.schemes import SCHEMES
@@ -24,7 +24,7 @@ class Layer:
     out_features: int
 
 
-def meta_model(config: dict[str, Any], *, trust_remote_code: bool = False) -> Any:
+def meta_model(config: ModelConfig, *, trust_remote_code: bool = False) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -104,7 +104,7 @@ def check_override(model: Any, recipe: Recipe, ov: Override, group_size: int | N
             f"group_size that divides its layers ({ok})")
 
 
-def build_meta(recipe: Recipe, config: dict[str, Any]) -> Any:
+def build_meta(recipe: Recipe, config: ModelConfig) -> Any:
     """The meta-device model of `config`, or a one-line error when transformers cannot
     build it (unknown model type, a config with missing or mistyped fields)."""
     try:
@@ -112,11 +112,11 @@ def build_meta(recipe: Recipe, config: dict[str, Any]) -> Any:
     except Exception as exc:  # any failure here means the config is not buildable
         first = first_line(exc)[:200]
         raise PreflightError(f"unsupported architecture: transformers cannot build model_type "
-                             f"{config.get('model_type')!r} ({first}); use a supported model "
+                             f"{config.model_type!r} ({first}); use a supported model "
                              "or upgrade transformers") from None
 
 
-def check(recipe: Recipe, config: dict[str, Any], tp: int = 1, *,
+def check(recipe: Recipe, config: ModelConfig, tp: int = 1, *,
           model: Any = None, gpu: GpuTarget | None = None) -> dict[str, Any]:
     """All pre-flight checks; returns the facts later stages need (resolved group size...).
 
@@ -142,7 +142,7 @@ def check(recipe: Recipe, config: dict[str, Any], tp: int = 1, *,
     if recipe.kv_cache and not {"k_proj", "v_proj"} <= leaves:
         raise PreflightError("kv_cache: fp8 needs separate k_proj/v_proj layers, which this "
                              "model lacks; remove kv_cache from the recipe")
-    tied = bool(config.get("tie_word_embeddings"))
+    tied = bool(config.tie_word_embeddings)
     if tied and any(lay.name.endswith("lm_head") for lay in layers):
         raise PreflightError("lm_head is tied to the input embeddings, so quantizing it would "
                              "also change the embeddings; add lm_head to `ignore`")
@@ -164,7 +164,7 @@ def check(recipe: Recipe, config: dict[str, Any], tp: int = 1, *,
     return facts
 
 
-def moe_kernel_warning(recipe: Recipe, config: dict[str, Any], model: Any,
+def moe_kernel_warning(recipe: Recipe, config: ModelConfig, model: Any,
                        gpu: bool | None = None) -> str | None:
     """Before calibration: the target has no vLLM fused-MoE kernel for the recipe's scheme
     (the rule: quantize.spec.schemes.moe_cpu_problem). The target is a GPU when `gpu` says so
@@ -194,7 +194,7 @@ def moe_kernel_warning(recipe: Recipe, config: dict[str, Any], model: Any,
             "instead; serve it on a GPU")
 
 
-def check_engine(recipe: Recipe, config: dict[str, Any]) -> None:
+def check_engine(recipe: Recipe, config: ModelConfig) -> None:
     """An optional engine (backend: gptqmodel/autoawq) must be installed and take this model
     before any calibration work; its module is found without importing the engine itself.
     So must a method's own package (AutoRound's `auto-round`, which llm-compressor imports
@@ -309,14 +309,13 @@ def heads_problem(heads: int | None, kv_heads: int | None, tp: int) -> str | Non
     return None
 
 
-def check_tensor_parallel(config: dict[str, Any], model: Any, schemes: list[LayerScheme],
+def check_tensor_parallel(config: ModelConfig, model: Any, schemes: list[LayerScheme],
                           tp: int) -> list[str]:
     """Sharded dimensions against tp, the group size and the kernels' tiles. Raises for what
     vLLM refuses to load; returns warnings for what it pads (slower but correct)."""
     if tp < 1:
         raise PreflightError(f"--tp {tp}: tensor parallelism needs a positive integer")
-    problem = heads_problem(config.get("num_attention_heads"),
-                            config.get("num_key_value_heads"), tp)
+    problem = heads_problem(config.num_attention_heads, config.num_key_value_heads, tp)
     if problem:
         raise PreflightError(f"--tp {tp}: {problem}")
     warnings: list[str] = []
@@ -378,10 +377,10 @@ def _vllm_registry_text() -> tuple[str, str] | None:
     return None
 
 
-def check_architecture(config: dict[str, Any]) -> None:
+def check_architecture(config: ModelConfig) -> None:
     """The model class vLLM will build: config.json must name one, and when the vLLM
     environment is present its registry must know it."""
-    archs = config.get("architectures") or []
+    archs = config.architectures or []
     if not archs:
         raise PreflightError("config.json has no `architectures`; vLLM picks the model class "
                              "from it - add e.g. [\"LlamaForCausalLM\"]")

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import QuantizeError
-from quantize.model.config import weight_bytes
+from quantize.model.config import ModelConfig, weight_bytes
 from quantize.progress import info
 from quantize.spec.methods import METHODS
 from quantize.spec.recipe import Recipe
@@ -150,7 +150,7 @@ class GpuEstimate:
         return int(self.allocated(placement) * _SLACK) + _CONTEXT
 
 
-def estimate_gpu(size: ModelSize, recipe: Recipe, config: dict[str, Any],
+def estimate_gpu(size: ModelSize, recipe: Recipe, config: ModelConfig,
                  samples: list[list[int]], batch: int) -> GpuEstimate:
     b = weight_bytes(config)
     tokens = sum(len(s) for s in samples)
@@ -176,7 +176,7 @@ def _gib(n: float) -> float:
 
 
 def check_gpu_memory(est: GpuEstimate, batch: int, seq: int,
-                     host_need: int) -> dict[str, Any]:
+                     host_need: int) -> dict[str, str | float]:
     """Pick the cheapest placement that fits the free GPU memory, or refuse."""
     free = gpu_free_bytes()
     resident = est.need("resident")
@@ -209,7 +209,7 @@ def check_gpu_memory(est: GpuEstimate, batch: int, seq: int,
         + "; or ".join(fixes) + "; or free the GPU / use a larger one")
 
 
-def check_memory(meta: Any, recipe: Recipe, config: dict[str, Any], device: str,
+def check_memory(meta: Any, recipe: Recipe, config: ModelConfig, device: str,
                  samples: list[list[int]], batch: int, *, world_size: int = 1,
                  offload_dir: Path | None = None) -> dict[str, Any]:
     """Host RAM always; GPU memory on cuda. Returns the facts recorded in the manifest
@@ -248,7 +248,7 @@ def _size(n: int) -> str:
     return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
 
 
-def check_disk(needs: list[DiskNeed], *, free: Any = None) -> dict[str, Any]:
+def check_disk(needs: list[DiskNeed], *, free: Any = None) -> dict[str, dict[str, int]]:
     """Sum the needs per file system (two folders on one disk share its free space) and
     refuse, on one line (need, free, path, fix), the first file system they overflow.
     Returns the facts recorded in the manifest. `free(path)` is injectable for tests."""
@@ -263,7 +263,7 @@ def check_disk(needs: list[DiskNeed], *, free: Any = None) -> dict[str, Any]:
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
         by_fs.setdefault(os.stat(probe).st_dev, []).append(need)
-    facts: dict[str, Any] = {"disk_needed_bytes": {n.what: n.bytes for n in needs}}
+    facts = {"disk_needed_bytes": {n.what: n.bytes for n in needs}}
     for group in by_fs.values():
         total = sum(n.bytes for n in group)
         room = int(free(group[0].path))

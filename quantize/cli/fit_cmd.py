@@ -114,7 +114,7 @@ def _costs(p: object, base_name: str, opts: dict[str, Any],
            n_tokens: int) -> dict[str, dict[int, float]]:
     """Calibrate (the pipeline's own stage, into the run folder), then measure."""
     from quantize.fit.assign import Problem
-    from quantize.fit.sensitivity import VERSION, measure
+    from quantize.fit.sensitivity import VERSION, SensitivityKey, measure
     from quantize.pipeline import RunOptions, run
     from quantize.stages import calibrate
 
@@ -122,10 +122,9 @@ def _costs(p: object, base_name: str, opts: dict[str, Any],
     run_dir = opts["out"]
     pipe = run(RunOptions(recipe=base_name, until="calibrate", **opts))
     calib = pipe.manifest["stages"]["calibrate"]["summary"]["fingerprint"]
-    key = {"calibration": calib, "model": pipe.fingerprint(), "scheme": p.base.scheme,
-           "group": p.units.group, "bits": sorted({c.bits for u in p.units.units
-                                                  for c in u.choices}),
-           "tokens": n_tokens, "version": VERSION}
+    key = SensitivityKey(calib, pipe.fingerprint(), p.base.scheme, p.units.group,
+                         sorted({c.bits for u in p.units.units for c in u.choices}), n_tokens,
+                         VERSION)
     return measure(pipe.model.path, p.units, calibrate.load(run_dir / "calibrate"), n_tokens,
                    run_dir / "fit" / "sensitivity.json", key)
 

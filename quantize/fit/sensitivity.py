@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,19 @@ from quantize.progress import info, step
 from quantize.run.files import atomic_write_json
 
 VERSION = 1
+
+
+@dataclass(frozen=True)
+class SensitivityKey:
+    """What a sensitivity.json was measured on; it is reused only when all of it matches."""
+
+    calibration: str  # the calibration stage's fingerprint
+    model: str  # the model's fingerprint
+    scheme: str
+    group: int | None
+    bits: list[int]
+    tokens: int
+    version: int
 Costs = dict[str, dict[int, float]]
 
 
@@ -67,11 +81,11 @@ def _kl(ref_logp: Any, logits: Any) -> float:
 
 
 def measure(model_path: Path, units: Units, tokens: list[list[int]], n_tokens: int,
-            cache: Path, key: dict[str, Any]) -> Costs:
+            cache: Path, key: SensitivityKey) -> Costs:
     """KL per unit and precision (16-bit: 0), from the cache when its key matches."""
     if cache.is_file():
         data = json.loads(cache.read_text())
-        if data.get("key") == key:
+        if data.get("key") == asdict(key):
             info(f"sensitivity: reused {cache} (same model, calibration and settings)")
             return {u: {int(b): float(v) for b, v in d.items()} for u, d in data["costs"].items()}
     import torch
@@ -102,7 +116,7 @@ def measure(model_path: Path, units: Units, tokens: list[list[int]], n_tokens: i
                 for n in u.layers:
                     modules[n].weight.data = saved[n]
     cache.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(cache, {"key": key, "version": VERSION, "tokens": int(ids.numel()),
+    atomic_write_json(cache, {"key": asdict(key), "version": VERSION, "tokens": int(ids.numel()),
                               "measure": "KL(fp || unit quantized RTN), nats/token",
                               "costs": costs})
     return costs

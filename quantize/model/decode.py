@@ -12,7 +12,7 @@ read here:
 - native GPTQ (v1: zero points stored minus one, v2: as is) and AWQ GEMM (8 output columns per
   word in the order 0,2,4,6,1,3,5,7).
 
-The quantization_config is read through quantize.model.qconfig, config.json through
+The quantization block is read through quantize.model.qconfig, config.json through
 quantize.model.config; this module imports no stage.
 """
 
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from quantize.errors import VerifyError
 from quantize.model import moe
-from quantize.model.config import hf_config
-from quantize.model.qconfig import Args, Group, QuantConfig, read_quant_config
+from quantize.model.config import ModelConfig, hf_config
+from quantize.model.qconfig import Args, Group, QuantConfig, require_quant_config
 
 if TYPE_CHECKING:
     import torch
@@ -303,7 +303,7 @@ def _layer_tensors(raw: dict[str, torch.Tensor], name: str) -> dict[str, torch.T
     return {k[len(name) + 1:]: v for k, v in raw.items() if k.startswith(name + ".")}
 
 
-def build_reference(ckpt: Path, config: dict[str, Any]) -> tuple[Any, dict[str, torch.Tensor]]:
+def build_reference(ckpt: Path, config: ModelConfig) -> tuple[Any, dict[str, torch.Tensor]]:
     """A plain dense transformers model holding our own decode of the checkpoint, with our
     own activation-quantization hooks. Returns (model, decoded weights by layer name)."""
     import torch
@@ -311,10 +311,8 @@ def build_reference(ckpt: Path, config: dict[str, Any]) -> tuple[Any, dict[str, 
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
-    qc = read_quant_config(config, error=VerifyError)
-    if qc is None:
-        raise VerifyError(f"{ckpt}: config.json has no quantization_config; there is nothing "
-                          "to decode")
+    qc = require_quant_config(config, f"{ckpt}: ", "there is nothing to decode",
+                              error=VerifyError)
     cfg = copy.deepcopy(hf_config(config))  # from_config may set attributes on it
     with no_init_weights():  # every weight is loaded below; random init would be wasted
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
@@ -403,12 +401,13 @@ def load_dequantized(path: Path, **kwargs: Any) -> Any:
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
     new_name = "dequantize" in inspect.signature(CompressedTensorsConfig).parameters
-    flag: dict[str, Any] = {"dequantize": True} if new_name else {"run_compressed": False}
+    override = CompressedTensorsConfig(dequantize=True) if new_name else \
+        CompressedTensorsConfig(run_compressed=False)
     with warnings.catch_warnings():
         # transformers warns that the passed config overrides the checkpoint's: it is meant to
         warnings.filterwarnings("ignore", message="You passed `quantization_config`")
         model = AutoModelForCausalLM.from_pretrained(
-            path, quantization_config=CompressedTensorsConfig(**flag), **kwargs)
+            path, quantization_config=override, **kwargs)
     # compressed-tensors decompresses FP4 (NVFP4/MXFP4) weights into bfloat16 whatever dtype
     # was asked for (nvfp4/helpers.py unpack_fp4_from_uint8), and the forward then fails on
     # mixed dtypes: give those weights the model's dtype (their values are kept)

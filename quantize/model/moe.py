@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from quantize.errors import QuantizeError
+from quantize.model.config import ModelConfig
 
 if TYPE_CHECKING:
     import torch
@@ -39,12 +40,12 @@ def _has_experts(parent: Any) -> bool:
     return any(n == "experts" for n, _ in parent.named_children())
 
 
-def router_modules(model: Any) -> dict[str, Any]:
+def router_modules(model: Any) -> dict[str, torch.nn.Module]:
     """Every module that routes tokens to experts or gates a shared expert, by name: its last
     name component is a router name, its parent holds `experts` (or it gates a shared expert),
     and it has a 2-D weight. Works on a meta-device model."""
     modules = dict(model.named_modules())
-    out: dict[str, Any] = {}
+    out: dict[str, torch.nn.Module] = {}
     for name, mod in modules.items():
         parent_name, _, last = name.rpartition(".")
         if last not in ROUTER_NAMES:
@@ -57,7 +58,7 @@ def router_modules(model: Any) -> dict[str, Any]:
     return out
 
 
-def routing_modules(model: Any) -> dict[str, Any]:
+def routing_modules(model: Any) -> dict[str, torch.nn.Module]:
     """The routers proper (not shared-expert gates): the modules whose output picks experts."""
     return {n: m for n, m in router_modules(model).items()
             if not n.endswith("shared_expert_gate")}
@@ -148,7 +149,7 @@ def fused_source_weight(get: Any, keys: set[str], name: str, shape: tuple[int, .
     return t if tuple(t.shape) == tuple(shape) else None
 
 
-def config_is_moe(config: dict[str, Any]) -> bool:
+def config_is_moe(config: ModelConfig) -> bool:
     """Whether config.json describes a mixture-of-experts model (quantize.model.config)."""
     from quantize.model.config import model_shape
 
@@ -158,25 +159,26 @@ def config_is_moe(config: dict[str, Any]) -> bool:
         return False
 
 
-def routing_kind(config: dict[str, Any]) -> str:
+def routing_kind(config: ModelConfig) -> str:
     """How the model picks experts, in vLLM's terms: `grouped-topk` (DeepSeek-V2/V3: sigmoid
     scores, expert groups, a correction bias; RoutingMethodType.DeepSeekV3) or `softmax-topk`
     (Mixtral, Qwen-MoE, gpt-oss: Default/Renormalize)."""
-    cfg = config.get("text_config") or config
-    if cfg.get("model_type", "").startswith("deepseek") or cfg.get("topk_method") in (
-            "group_limited_greedy", "noaux_tc") or int(cfg.get("n_group") or 1) > 1:
+    cfg = config.text
+    if (cfg.model_type or "").startswith("deepseek") or cfg.topk_method in (
+            "group_limited_greedy", "noaux_tc") or int(cfg.n_group or 1) > 1:
         return "grouped-topk"
     return "softmax-topk"
 
 
-def silu_experts(config: dict[str, Any]) -> bool:
+def silu_experts(config: ModelConfig) -> bool:
     """Whether the experts compute SiLU(gate) * up (gpt-oss clamps and biases its SwiGLU:
     vLLM's MoEActivation.SWIGLUOAI)."""
-    cfg = config.get("text_config") or config
-    return cfg.get("model_type") != "gpt_oss" and cfg.get("hidden_act", "silu") == "silu"
+    cfg = config.text
+    act = cfg.hidden_act if cfg.has("hidden_act") else "silu"
+    return cfg.model_type != "gpt_oss" and act == "silu"
 
 
-def transformers_load_problem(config: dict[str, Any]) -> str | None:
+def transformers_load_problem(config: ModelConfig) -> str | None:
     """Why transformers 5.17 cannot load this compressed-tensors MoE export, or None.
 
     It re-fuses the exported per-expert tensors into its 3-D expert parameters through
@@ -214,7 +216,7 @@ def linearize(model: Any) -> Any:
     return model
 
 
-def load_linearized(ckpt: Path, config: dict[str, Any]) -> Any:
+def load_linearized(ckpt: Path, config: ModelConfig) -> Any:
     """A compressed-tensors MoE export loaded as transformers would load it, minus the
     re-fusing that drops asymmetric zero points (`transformers_load_problem`): the model built
     from config with one Linear per expert projection, compressed-tensors' quantization config
@@ -224,23 +226,19 @@ def load_linearized(ckpt: Path, config: dict[str, Any]) -> Any:
     import copy
 
     import torch
-    from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
     from quantize.model.config import hf_config
+    from quantize.model.qconfig import compress_as_stored
 
-    qc = QuantizationConfig.model_validate(config["quantization_config"])
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(copy.deepcopy(hf_config(config)),
                                                  dtype=torch.float32).eval()
     linearize(model)
-    apply_quantization_config(model, qc)
-    compressor = ModelCompressor(quantization_config=qc)
-    compressor.compress_model(model)  # the compressed parameters, shaped as stored
-    state: dict[str, Any] = {}
+    compressor = compress_as_stored(model, config)  # the compressed parameters, as stored
+    state: dict[str, torch.Tensor] = {}
     for f in sorted(ckpt.glob("*.safetensors")):
         with safe_open(str(f), "pt") as fh:
             state.update({k: fh.get_tensor(k) for k in fh.keys()})  # noqa: SIM118

@@ -1,4 +1,4 @@
-"""The one reader of a checkpoint's `quantization_config` (config.json).
+"""The one reader and writer of a checkpoint's `quantization_config` (config.json).
 
 Three families reach this project: compressed-tensors (llm-compressor's exports: config
 groups of weight / input-activation arguments, an ignore list, an optional
@@ -6,19 +6,83 @@ groups of weight / input-activation arguments, an ignore list, an optional
 sym / zero_point, checkpoint_format) and block FP8 (`quant_method: fp8`, published
 DeepSeek-style checkpoints the planner sizes). `read_quant_config` turns any of them into
 one typed `QuantConfig`; verify, eval, export, the planner, the support check and the card
-read that, never the raw keys.
+read that, never the raw keys. `with_quant_config` is the one writer (the native engines'
+exports), `raw_quant_config` hands the block as written to compressed-tensors' own loader, and
+the messages that name the block are built here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from quantize.errors import QuantizeError
+from quantize.model.config import ModelConfig
 from quantize.spec.schemes import SCHEMES, Scheme
 
 NATIVE_METHODS = ("gptq", "awq")
 KNOWN_METHODS = ("compressed-tensors", *NATIVE_METHODS, "fp8")
+
+
+# --- the block as written (third-party JSON): only the keys read here are typed -----------
+class _Written(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    def has(self, key: str) -> bool:
+        return key in self.model_fields_set
+
+
+class ArgsJSON(_Written):
+    """compressed-tensors' QuantizationArgs as stored."""
+
+    num_bits: int | None = None
+    type: str | None = None
+    symmetric: bool | None = None
+    strategy: str | None = None
+    group_size: int | None = None
+    dynamic: bool | str | None = None  # "local": NVFP4's per-group activation scales
+    actorder: str | None = None
+    block_structure: list[int] | None = None
+
+
+class GroupJSON(_Written):
+    targets: list[str] | None = None
+    weights: ArgsJSON | None = None
+    input_activations: ArgsJSON | None = None
+    format: str | None = None
+
+
+class NativeMetaJSON(_Written):
+    quantizer: list[str] | str | None = None  # GPTQModel's stamps
+
+
+class QuantizationJSON(_Written):
+    """A checkpoint's quantization_config: compressed-tensors, GPTQModel / AutoAWQ or block
+    FP8 keys."""
+
+    quant_method: str | None = None
+    format: str | None = None
+    version: str | None = None  # compressed-tensors' version; AutoAWQ's kernel (gemm)
+    # compressed-tensors
+    config_groups: dict[str, GroupJSON] | None = None
+    ignore: list[str] | None = None
+    kv_cache_scheme: ArgsJSON | None = None
+    # GPTQModel / AutoAWQ
+    bits: int | None = None
+    w_bit: int | None = None
+    group_size: int | None = None
+    q_group_size: int | None = None
+    sym: bool | None = None
+    zero_point: bool | None = None
+    desc_act: bool | None = None
+    checkpoint_format: str | None = None
+    meta: NativeMetaJSON | None = None
+    modules_to_not_convert: list[str] | None = None
+    # block FP8 (DeepSeek-style)
+    weight_block_size: list[int] | None = None
+    activation_scheme: str | None = None
 
 
 @dataclass(frozen=True)
@@ -35,13 +99,13 @@ class Args:
     block_structure: tuple[int, ...] | None = None
 
     @classmethod
-    def read(cls, d: dict[str, Any] | None) -> Args | None:
-        if not d:
+    def read(cls, d: ArgsJSON | None) -> Args | None:
+        if d is None or not (d.model_fields_set or d.model_extra):
             return None
-        block = d.get("block_structure")
-        return cls(int(d.get("num_bits") or 0), str(d.get("type") or "int"),
-                   bool(d.get("symmetric", True)), d.get("strategy"), d.get("group_size"),
-                   bool(d.get("dynamic", False)), d.get("actorder"),
+        block = d.block_structure
+        return cls(int(d.num_bits or 0), str(d.type or "int"),
+                   bool(d.symmetric) if d.has("symmetric") else True, d.strategy,
+                   d.group_size, bool(d.dynamic), d.actorder,
                    tuple(int(x) for x in block) if block else None)
 
     def where(self) -> str:
@@ -129,7 +193,7 @@ class QuantConfig:
     format: str | None = None
     native_version: str | None = None  # gptq checkpoint_format / awq version
     quantizer: tuple[str, ...] = ()  # meta.quantizer stamps ("gptqmodel:7.6.0", ...)
-    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    version: str | None = None  # the `version` key as written
 
     @property
     def native(self) -> bool:
@@ -157,64 +221,125 @@ class QuantConfig:
     def ct_version(self) -> str | None:
         """The compressed-tensors version stamped in a compressed-tensors config (`version`);
         None for other methods or when absent (the model card shows it)."""
-        version = self.raw.get("version") if self.method == "compressed-tensors" else None
+        version = self.version if self.method == "compressed-tensors" else None
         return str(version) if version else None
 
 
-def _native(qc: dict[str, Any]) -> QuantConfig:
+def _native(qc: QuantizationJSON) -> QuantConfig:
     """GPTQModel's and AutoAWQ's keys: bits / w_bit, group_size / q_group_size, sym for GPTQ,
     zero_point for AWQ (a zero point = asymmetric)."""
-    method = str(qc["quant_method"])
-    bits = int(qc.get("bits") or qc.get("w_bit") or 0)
-    gs = int(qc.get("group_size") or qc.get("q_group_size") or -1)
-    sym = bool(qc.get("sym", True)) if method == "gptq" else not qc.get("zero_point", True)
+    method = str(qc.quant_method)
+    bits = int(qc.bits or qc.w_bit or 0)
+    gs = int(qc.group_size or qc.q_group_size or -1)
+    if method == "gptq":
+        sym = bool(qc.sym) if qc.has("sym") else True
+    else:
+        sym = not (qc.zero_point if qc.has("zero_point") else True)
     w = Args(bits, "int", sym, "group" if gs > 0 else "channel", gs if gs > 0 else None,
-             actorder="static" if qc.get("desc_act") else None)
-    version = qc.get("checkpoint_format") or qc.get("format") or qc.get("version")
-    stamp = tuple(str(q) for q in ((qc.get("meta") or {}).get("quantizer") or []))
+             actorder="static" if qc.desc_act else None)
+    version = qc.checkpoint_format or qc.format or qc.version
+    stamps = qc.meta.quantizer if qc.meta else None
+    stamp = (stamps,) if isinstance(stamps, str) else tuple(str(q) for q in stamps or [])
     return QuantConfig(method, (Group("native", ("Linear",), w, None, None),),
-                       tuple(qc.get("modules_to_not_convert") or ()), None,
-                       qc.get("format"), str(version) if version else None, stamp, qc)
+                       tuple(qc.modules_to_not_convert or ()), None,
+                       qc.format, str(version) if version else None, stamp, qc.version)
 
 
-def _fp8_block(qc: dict[str, Any]) -> QuantConfig:
-    block = tuple(int(x) for x in (qc.get("weight_block_size") or (128, 128)))
+def _fp8_block(qc: QuantizationJSON) -> QuantConfig:
+    block = tuple(int(x) for x in (qc.weight_block_size or (128, 128)))
     w = Args(8, "float", True, "block", None, block_structure=block)
-    a = Args(8, "float", True, "group", 128, dynamic=qc.get("activation_scheme") == "dynamic")
+    a = Args(8, "float", True, "group", 128, dynamic=qc.activation_scheme == "dynamic")
     return QuantConfig("fp8", (Group("fp8", ("Linear",), w, a, "float-quantized"),),
-                       ("lm_head", *(qc.get("modules_to_not_convert") or ())), raw=qc)
+                       ("lm_head", *(qc.modules_to_not_convert or ())), version=qc.version)
 
 
-def parse(qc: dict[str, Any], *, error: type[Exception] = QuantizeError) -> QuantConfig:
-    """A raw quantization_config dict as a QuantConfig; `error` for an unknown method."""
-    method = qc.get("quant_method")
+def parse(raw: dict[str, Any], *, error: type[Exception] = QuantizeError) -> QuantConfig:
+    """A quantization_config as written (JSON) as a QuantConfig; `error` for an unknown method
+    or a key of the wrong type."""
+    method = raw.get("quant_method")
+    if method not in KNOWN_METHODS:
+        raise error(f"{method_is(method)}; this project reads "
+                    "compressed-tensors, native gptq/awq and fp8 checkpoints")
+    try:
+        qc = QuantizationJSON.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise error(f"config.json quantization_config.{where}: {err['msg']}; this project "
+                    "reads compressed-tensors, native gptq/awq and fp8 checkpoints") from None
     if method in NATIVE_METHODS:
         return _native(qc)
     if method == "fp8":
         return _fp8_block(qc)
-    if method != "compressed-tensors":
-        raise error(f"quantization_config.quant_method is {method!r}; this project reads "
-                    "compressed-tensors, native gptq/awq and fp8 checkpoints")
     groups = tuple(
-        Group(name, tuple(g.get("targets") or ["Linear"]), Args.read(g.get("weights")),
-              Args.read(g.get("input_activations")), g.get("format") or qc.get("format"))
-        for name, g in (qc.get("config_groups") or {}).items())
-    return QuantConfig("compressed-tensors", groups, tuple(qc.get("ignore") or ()),
-                       Args.read(qc.get("kv_cache_scheme")), qc.get("format"), raw=qc)
+        Group(name, tuple(g.targets or ["Linear"]), Args.read(g.weights),
+              Args.read(g.input_activations), g.format or qc.format)
+        for name, g in (qc.config_groups or {}).items())
+    return QuantConfig("compressed-tensors", groups, tuple(qc.ignore or ()),
+                       Args.read(qc.kv_cache_scheme), qc.format, version=qc.version)
 
 
-def read_quant_config(config: dict[str, Any], *,
+def read_quant_config(config: ModelConfig, *,
                       error: type[Exception] = QuantizeError) -> QuantConfig | None:
     """The checkpoint's quantization_config, typed; None for an unquantized model."""
-    qc = config.get("quantization_config")
+    qc = config.quantization_config
     return parse(qc, error=error) if qc else None
 
 
-def quant_method(config: dict[str, Any]) -> str | None:
+def require_quant_config(config: ModelConfig, where: str, consequence: str, *,
+                         error: type[Exception] = QuantizeError) -> QuantConfig:
+    """The checkpoint's quantization_config, typed; `error` naming `where` (the file's folder
+    and separator) and `consequence` when the config has none."""
+    qc = read_quant_config(config, error=error)
+    if qc is None:
+        raise error(f"{where}config.json has no quantization_config; {consequence}")
+    return qc
+
+
+def quant_method(config: ModelConfig) -> str | None:
     """`quantization_config.quant_method`, or None (without parsing the rest)."""
-    return (config.get("quantization_config") or {}).get("quant_method")
+    method = (config.quantization_config or {}).get("quant_method")
+    return str(method) if method is not None else None
 
 
-def without_quant_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The config as the unquantized architecture (for building a meta model)."""
-    return {k: v for k, v in config.items() if k != "quantization_config"}
+def method_is(method: object) -> str:
+    """How a message names a checkpoint's quantization method."""
+    return f"quantization_config.quant_method is {method!r}"
+
+
+def unsized_method(method: str | None) -> str:
+    """The planner's refusal of a quantization method it cannot size."""
+    return (f"cannot size quantization_config quant_method {method!r}; plan from the "
+            "unquantized base model's config.json instead")
+
+
+def raw_quant_config(config: ModelConfig) -> dict[str, Any] | None:
+    """The quantization_config as written (third-party JSON), for compressed-tensors' and
+    the native engines' own readers."""
+    return config.quantization_config
+
+
+def compress_as_stored(model: Any, config: ModelConfig) -> Any:
+    """compressed-tensors' own reading of the checkpoint's quantization_config, applied to
+    `model` (built from config, unquantized) and its parameters compressed into the layout the
+    checkpoint stores; returns the ModelCompressor that decompresses them again."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
+
+    qc = QuantizationConfig.model_validate(config.quantization_config)
+    apply_quantization_config(model, qc)
+    compressor = ModelCompressor(quantization_config=qc)
+    compressor.compress_model(model)
+    return compressor
+
+
+def without_quant_config(config: ModelConfig) -> ModelConfig:
+    """The config as the unquantized architecture (the planner's baseline of an export)."""
+    return config.without("quantization_config")
+
+
+def with_quant_config(config: ModelConfig, qc: dict[str, Any], dtype: str) -> ModelConfig:
+    """The one writer: `config` as an export declares itself, its weights' dtype (`dtype`, the
+    transformers 5 key, replacing an older `torch_dtype`) and the engine's quantization_config
+    as the engine wrote it."""
+    return config.without("torch_dtype").updated(dtype=dtype, quantization_config=qc)

@@ -13,10 +13,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from quantize.errors import DiskError, ModelError, first_line
-from quantize.model.config import config_path, read_config
+from quantize.model.config import ModelConfig, config_path, read_config
 from quantize.model.qconfig import without_quant_config
 from quantize.run.files import (
     atomic_dir,
@@ -53,7 +52,7 @@ class ModelRef:
     name: str  # short name for run folders and repo names
 
     @property
-    def config(self) -> dict[str, Any]:
+    def config(self) -> ModelConfig:
         return read_config(self.path)
 
 
@@ -196,9 +195,8 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
                                                      dtype=torch.float32)
         # The GGUF loader marks the model as GGUF-quantized, which transformers refuses to
         # save; rebuild a plain model from the same config and move the dequantized weights.
-        cfg_dict = without_quant_config(model.config.to_dict())
-        cfg_dict["_name_or_path"] = DEFAULT_NAME
-        config = type(model.config).from_dict(cfg_dict)
+        cfg = without_quant_config(ModelConfig.model_validate(model.config.to_dict()))
+        config = type(model.config).from_dict(cfg.updated(_name_or_path=DEFAULT_NAME).to_json())
         config.dtype = torch.float16
         with torch.device("meta"):
             plain = AutoModelForCausalLM.from_config(config)
@@ -245,16 +243,16 @@ def _read_hashes(path: Path) -> dict[str, str]:
     return data if isinstance(data, dict) else {}
 
 
-def check_architecture(config: dict[str, Any], *, trust_remote_code: bool) -> None:
+def check_architecture(config: ModelConfig, *, trust_remote_code: bool) -> None:
     """Refuse configs transformers cannot build without running the repo's own code."""
     from transformers import CONFIG_MAPPING
 
-    model_type = config.get("model_type")
+    model_type = config.model_type
     if model_type in CONFIG_MAPPING:
         return
-    if config.get("auto_map") and trust_remote_code:
+    if config.remote_code and trust_remote_code:
         return
-    if config.get("auto_map"):
+    if config.remote_code:
         raise ModelError(f"model_type {model_type!r} needs the model repo's own code; if you "
                          "trust it set `trust_remote_code: true` in the recipe")
     raise ModelError(f"unsupported architecture: model_type {model_type!r} is unknown to "

@@ -22,15 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from quantize.checks.resources import DiskNeed
+from quantize.model.config import ModelConfig
 
 KiB = 1024
 _WEIGHT_SUFFIX = ".safetensors"
 # allowances for the small files each stage writes (sizes seen: calibration.json 0.6 KB,
-# config.json with its quantization_config 1.7 KB, llm-compressor's log 10 KB per decoder
+# config.json with its quantization block 1.7 KB, llm-compressor's log 10 KB per decoder
 # layer, eval.json 1.7-5.4 KB, gate.json 0.6-2.5 KB, manifest.json 8-11 KB, a baseline
 # cache entry 0.4-4.5 KB)
 _CALIBRATE_EXTRA = 4 * KiB
-_QUANTIZE_EXTRA = 16 * KiB  # quantization_config in config.json, the engine's recipe
+_QUANTIZE_EXTRA = 16 * KiB  # the quantization block in config.json, the engine's recipe
 _LOG_PER_LAYER = 10 * KiB  # llm-compressor's log: 32 KB for 2 layers, 313 KB for 30
 _EXPORT_EXTRA = 8 * KiB  # recipe.yaml, manifest.json
 _EVAL = 8 * KiB
@@ -86,7 +87,7 @@ def side_files(model_dir: Path) -> int:
                and not p.name.endswith(".index.json"))
 
 
-def export_weight_bytes(meta: Any, recipe: Any, config: dict[str, Any],
+def export_weight_bytes(meta: Any, recipe: Any, config: ModelConfig,
                         group: int | None) -> int:
     """The export's weight bytes, from the planner (one home for what a format costs)."""
     from quantize.model.config import weight_bytes
@@ -99,7 +100,7 @@ def calibration_bytes(num_samples: int, seq_len: int) -> int:
     return num_samples * seq_len * 8 + num_samples * 8 + _CALIBRATE_EXTRA
 
 
-def offload_bytes(meta: Any, recipe: Any, config: dict[str, Any], device: str,
+def offload_bytes(meta: Any, recipe: Any, config: ModelConfig, device: str,
                   offload_dir: Path) -> int:
     """Weights that spill to the offload folder when host RAM is short (the quantize stage's
     own choice: quantize.checks.placement), else 0."""
@@ -115,13 +116,12 @@ def offload_bytes(meta: Any, recipe: Any, config: dict[str, Any], device: str,
     return plan.disk_bytes
 
 
-def _layers(config: dict[str, Any]) -> int:
-    text = config.get("text_config") or config
-    return int(text.get("num_hidden_layers") or 0)
+def _layers(config: ModelConfig) -> int:
+    return int(config.text.num_hidden_layers or 0)
 
 
 def needs(*, stages: list[str], run_dir: Path, cache: Path, model_dir: Path, meta: Any,
-          recipe: Any, config: dict[str, Any], group: int | None, device: str,
+          recipe: Any, config: ModelConfig, group: int | None, device: str,
           calibration: tuple[int, int], metrics: int) -> list[DiskNeed]:
     """What each of `stages` writes, and where (run folder, or the shared cache)."""
     side = side_files(model_dir)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from quantize.errors import QuantizeError, first_line
-from quantize.model.config import CONFIG, config_path, read_config
+from quantize.model.config import CONFIG, ModelConfig, config_path, read_config
 from quantize.model.qconfig import without_quant_config
 from quantize.planner.gpus import PlanError
 from quantize.run.manifest import RunFolder
@@ -46,25 +47,33 @@ class ModelSource:
     spec: str
     name: str  # short name, as run folders use it
     origin: str  # builtin:<repo> | folder:<path> | hub:<id> | default | run:<path>
-    config: dict[str, Any]  # config.json without the built-in copies' `_source` keys
+    config: ModelConfig  # config.json without the built-in copies' `_source` keys
     serve_ref: str  # what `vllm serve` gets for the baseline
     run: RunInfo | None = None
 
 
-def _clean(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if not k.startswith("_")}
+def _clean(config: ModelConfig) -> ModelConfig:
+    return config.without(*(k for k in config.model_extra or {} if k.startswith("_")))
 
 
-def _shipped(path: Path) -> dict[str, Any]:
+class ShippedSource(BaseModel):
+    """Where a built-in config was copied from (its `_source` key)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    repo_id: str
+
+
+def _shipped(path: Path) -> ModelConfig:
     """A built-in config file (quantize/data/model_configs/*.json: shipped data, not a model
     folder's config.json)."""
-    data: dict[str, Any] = json.loads(path.read_text())
-    return data
+    return ModelConfig.from_json_text(path.read_text())
 
 
 def builtin_configs() -> dict[str, Path]:
     """repo id -> shipped config file."""
-    return {_shipped(p)["_source"]["repo_id"]: p for p in sorted(CONFIGS.glob("*.json"))}
+    return {ShippedSource.model_validate((_shipped(p).model_extra or {})["_source"]).repo_id: p
+            for p in sorted(CONFIGS.glob("*.json"))}
 
 
 def _builtin(spec: str) -> tuple[str, Path] | None:
@@ -161,8 +170,8 @@ def load_source(spec: str) -> ModelSource:
 
 
 def _from_run(folder: RunFolder, spec: str) -> ModelSource:
-    """A run folder plans its base model: the export's config.json without the
-    quantization_config, so the baseline row is the unquantized model."""
+    """A run folder plans its base model: the export's config.json without its quantization
+    block, so the baseline row is the unquantized model."""
     path = folder.path
     run = read_run(path)
     if run is None:
@@ -175,7 +184,7 @@ def _from_run(folder: RunFolder, spec: str) -> ModelSource:
     return ModelSource(spec, name, f"run:{path}", config, serve, run)
 
 
-def _hub_config(repo: str) -> dict[str, Any]:
+def _hub_config(repo: str) -> ModelConfig:
     try:
         from huggingface_hub import hf_hub_download
 

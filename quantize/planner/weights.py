@@ -11,14 +11,20 @@ not resized), so the sum is what a rank holds after splitting what tensor parall
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from quantize.errors import QuantizeError
-from quantize.model.qconfig import Args, QuantConfig, quant_method, read_quant_config
+from quantize.model.config import ModelConfig
+from quantize.model.qconfig import (
+    Args,
+    QuantConfig,
+    quant_method,
+    read_quant_config,
+    unsized_method,
+)
 from quantize.planner.gpus import PlanError
 from quantize.spec.recipe import Recipe
 from quantize.spec.schemes import SCHEMES
@@ -154,22 +160,22 @@ def _meta(config_json: str) -> Any:
     from quantize.checks.preflight import meta_model
     from quantize.model.source import check_architecture
 
-    config = json.loads(config_json)
+    config = ModelConfig.from_json_text(config_json)
     try:
         check_architecture(config, trust_remote_code=False)
         return meta_model(config)
     except QuantizeError:
         raise
     except Exception as exc:
-        raise PlanError(f"transformers cannot build model_type {config.get('model_type')!r} "
+        raise PlanError(f"transformers cannot build model_type {config.model_type!r} "
                         f"from this config ({type(exc).__name__}: {exc}); check config.json "
                         "or upgrade transformers") from None
 
 
-def meta(config: dict[str, Any]) -> Any:
+def meta(config: ModelConfig) -> Any:
     """The meta-device model of `config` (pre-flight's builder), cached: a plan sizes every
     recipe on the same model."""
-    return _meta(json.dumps(config, sort_keys=True))
+    return _meta(config.cache_key())
 
 
 def _sized(fmt: WeightFormat, dtype_bytes: int) -> WeightFormat:
@@ -204,25 +210,20 @@ def recipe_layers(model: Any, recipe: Recipe, group: int | None,
     return LayerPlan(formats, experts_fmt, kv_scales=recipe.kv_cache == "fp8")
 
 
-def published_quant(config: dict[str, Any]) -> QuantConfig | None:
-    """The checkpoint's quantization_config when the planner can size it (compressed-tensors
-    or block fp8); None for an unquantized config."""
+def published_quant(config: ModelConfig) -> QuantConfig | None:
+    """The checkpoint's quantization block, typed, when the planner can size it
+    (compressed-tensors or block fp8); None for an unquantized config."""
     try:
         qc = read_quant_config(config, error=PlanError)
     except PlanError:  # a method the reader does not know
-        raise PlanError(_unsized(quant_method(config))) from None
+        raise PlanError(unsized_method(quant_method(config))) from None
     if qc is not None and qc.method not in SIZED_METHODS:
-        raise PlanError(_unsized(qc.method))
+        raise PlanError(unsized_method(qc.method))
     return qc
 
 
-def _unsized(method: str | None) -> str:
-    return (f"cannot size quantization_config quant_method {method!r}; plan from the "
-            "unquantized base model's config.json instead")
-
-
 def published_layers(model: Any, qc: QuantConfig) -> tuple[LayerPlan, str]:
-    """The format of a pre-quantized checkpoint's quantization_config (compressed-tensors or
+    """The format of a pre-quantized checkpoint's quantization block (compressed-tensors or
     fp8 block), so its baseline row shows the weights as published."""
     from quantize.checks.preflight import targeted_layers
 

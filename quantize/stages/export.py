@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import ExportError
-from quantize.model.config import CONFIG, read_config
-from quantize.model.qconfig import read_quant_config
+from quantize.model.config import CONFIG, ModelConfig, read_config
+from quantize.model.qconfig import read_quant_config, require_quant_config
 from quantize.run.files import (
     atomic_write_json,
     atomic_write_text,
@@ -32,8 +32,8 @@ NAME = "export"
 REQUIRED = (CONFIG, "tokenizer_config.json")
 
 
-def check_checkpoint(folder: Path) -> dict[str, Any]:
-    """What vLLM needs to load with no flags: config with a quantization_config, safetensors."""
+def check_checkpoint(folder: Path) -> ModelConfig:
+    """What vLLM needs to load with no flags: config with a quantization block, safetensors."""
     missing = [f for f in REQUIRED if not (folder / f).is_file()]
     if missing:
         raise ExportError(f"{folder} lacks {missing}; the engine did not finish saving")
@@ -43,9 +43,8 @@ def check_checkpoint(folder: Path) -> dict[str, Any]:
     if pickles:
         raise ExportError(f"{folder} holds pickle files {pickles}; exports are safetensors only")
     config = read_config(folder, error=ExportError)
-    if read_quant_config(config, error=ExportError) is None:
-        raise ExportError(f"{folder}/config.json has no quantization_config; vLLM would load "
-                          "it as an unquantized model")
+    require_quant_config(config, f"{folder}/", "vLLM would load it as an unquantized model",
+                         error=ExportError)
     return config
 
 

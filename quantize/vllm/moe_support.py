@@ -12,15 +12,14 @@ and the host a probe found. On a GPU every family this project writes has a fuse
 
 from __future__ import annotations
 
-from typing import Any
-
+from quantize.model.config import ModelConfig
 from quantize.model.moe import config_is_moe, routing_kind, silu_experts
 from quantize.spec.schemes import moe_cpu_problem
 from quantize.vllm.host import Host
 from quantize.vllm.support import CheckpointFormat, group_label
 
 
-def moe_problem(fmt: CheckpointFormat, config: dict[str, Any], host: Host) -> str | None:
+def moe_problem(fmt: CheckpointFormat, config: ModelConfig, host: Host) -> str | None:
     """Why this host's vLLM cannot run the export's MoE layers, or None (dense model, a GPU,
     or a CPU kernel exists)."""
     if host.device != "cpu" or fmt.quant is None or not config_is_moe(config):

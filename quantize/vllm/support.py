@@ -28,11 +28,16 @@ verify stage if vLLM refuses it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from quantize.errors import VerifyError
-from quantize.model.config import config_dtype, head_dim
-from quantize.model.qconfig import NATIVE_METHODS, Group, QuantConfig, read_quant_config
+from quantize.model.config import ModelConfig, config_dtype, head_dim
+from quantize.model.qconfig import (
+    NATIVE_METHODS,
+    Group,
+    QuantConfig,
+    method_is,
+    read_quant_config,
+)
 from quantize.spec.schemes import KERNELS, gpu_problem
 from quantize.vllm.host import Host
 
@@ -86,12 +91,12 @@ class CheckpointFormat:
         return " + ".join(parts or ["dense"]) + (" + fp8 KV cache" if self.kv_cache_fp8 else "")
 
 
-def checkpoint_format(config: dict[str, Any]) -> CheckpointFormat:
+def checkpoint_format(config: ModelConfig) -> CheckpointFormat:
     """A checkpoint's config.json as verify sees it; refuses quantization methods the export
     stage does not write."""
     quant = read_quant_config(config, error=VerifyError)
     if quant is not None and quant.method not in VERIFIED_METHODS:
-        raise VerifyError(f"quantization_config.quant_method is {quant.method!r}; verify "
+        raise VerifyError(f"{method_is(quant.method)}; verify "
                           "handles compressed-tensors and native gptq/awq checkpoints (the "
                           "export formats)")
     return CheckpointFormat(quant, head_dim(config), config_dtype(config))

@@ -29,12 +29,139 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, TypedDict
 
 # Custom ops whose presence decides which quantized formats a CPU build can run.
 _CPU_OPS = ("cpu_gemm_wna16", "onednn_scaled_mm", "int8_scaled_mm", "static_scaled_fp8_quant",
             "dynamic_scaled_fp8_quant", "dynamic_scaled_int8_quant", "cpu_attention_with_kv_cache",
             "fp8_scaled_mm_cpu", "cpu_has_amx_fp8")
+
+
+# --- the request (the JSON document the caller writes) ------------------------------------
+class EngineArgs(TypedDict, total=False):
+    """vLLM's LLM(...) keyword arguments the worker sets (a request may add its own)."""
+
+    model: str
+    tokenizer: str
+    tensor_parallel_size: int
+    kv_cache_dtype: str
+    max_model_len: int
+    enforce_eager: bool
+    seed: int
+    dtype: str
+
+
+class ScoreGroup(TypedDict):
+    sequences: list[list[int]]
+    score_from: list[int]
+
+
+class Request(TypedDict, total=False):
+    """The request JSON: `op` and what that op reads."""
+
+    op: str
+    model: str
+    tp: int
+    kv_cache_dtype: str
+    max_model_len: int
+    enforce_eager: bool
+    dtype: str
+    kv_cache_space_gib: float
+    engine_args: EngineArgs
+    max_tokens: int  # generate
+    logprobs: int
+    prompts: list[list[int]]
+    groups: list[ScoreGroup]  # score
+
+
+# --- the results (written as JSON by main) ------------------------------------------------
+class LayerCount(TypedDict):
+    """One row of describe_model's tables (a plain dict: vLLM pickles it between its
+    workers when tp > 1)."""
+
+    count: int
+    example: str
+
+
+@dataclass
+class Gpu:
+    name: str
+    capability: int
+
+
+@dataclass
+class ProbeResult:
+    vllm_version: str
+    torch_version: str
+    platform: str
+    device_type: str
+    isa: dict[str, bool]
+    kernel_import_error: str | None  # left out of the JSON when the kernels imported
+    ops: dict[str, bool]
+    gpus: list[Gpu]
+
+
+@dataclass
+class Step:
+    token: int
+    logprob: float
+    top: dict[str, float]
+
+
+@dataclass
+class Generated:
+    token_ids: list[int]
+    steps: list[Step]
+
+
+@dataclass
+class GenerateResult:
+    vllm_version: str
+    outputs: list[Generated]
+    load_s: float
+    generate_s: float
+    quantization: str | None
+    dtype: str
+    engine_args: EngineArgs
+    layers: dict[str, dict[str, LayerCount]] | dict[str, str]  # or {"error": line}
+
+
+@dataclass
+class Scored:
+    logprobs: list[float]
+    ranks: list[int]
+
+
+@dataclass
+class ScoredGroup:
+    outputs: list[Scored]
+    seconds: float
+    tokens: int
+
+
+@dataclass
+class ScoreResult:
+    vllm_version: str
+    groups: list[ScoredGroup]
+    load_s: float
+    quantization: str | None
+    dtype: str
+    kv_cache_dtype: str
+    engine_args: EngineArgs
+
+
+Result = ProbeResult | GenerateResult | ScoreResult
+
+
+def result_json(result: Result) -> dict[str, Any]:
+    """A result as the JSON object the caller reads (a probe leaves out a null
+    kernel_import_error: the key is there only when the kernels failed to import)."""
+    out = asdict(result)
+    if isinstance(result, ProbeResult) and result.kernel_import_error is None:
+        del out["kernel_import_error"]
+    return out
 
 
 def _root_cause(exc: BaseException) -> BaseException:
@@ -67,14 +194,11 @@ def error_line(exc: BaseException) -> str:
     return f"{line(root)} (raised as {line(exc)})"
 
 
-def probe(_req: dict[str, Any]) -> dict[str, Any]:
+def probe(_req: Request) -> ProbeResult:
     import torch
     import vllm
     from vllm.platforms import current_platform
 
-    out: dict[str, Any] = {"vllm_version": vllm.__version__, "torch_version": torch.__version__,
-                           "platform": type(current_platform).__name__,
-                           "device_type": getattr(current_platform, "device_type", "unknown")}
     isa = {}
     for name in ("avx512", "avx512_vnni", "avx512_bf16", "amx_tile", "avx2"):
         fn = getattr(torch.cpu, f"_is_{name}_supported", None)
@@ -83,20 +207,21 @@ def probe(_req: dict[str, Any]) -> dict[str, Any]:
                 isa[name] = bool(fn())
             except Exception:  # an ISA query that this torch cannot answer
                 isa[name] = False
-    out["isa"] = isa
+    kernel_error = None
     try:
         current_platform.import_kernels()
     except Exception as exc:
-        out["kernel_import_error"] = error_line(exc)
+        kernel_error = error_line(exc)
     namespace = torch.ops._C
-    out["ops"] = {op: _has_op(namespace, op) for op in _CPU_OPS}
+    ops = {op: _has_op(namespace, op) for op in _CPU_OPS}
     gpus = []
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             major, minor = torch.cuda.get_device_capability(i)
-            gpus.append({"name": torch.cuda.get_device_name(i), "capability": major * 10 + minor})
-    out["gpus"] = gpus
-    return out
+            gpus.append(Gpu(torch.cuda.get_device_name(i), major * 10 + minor))
+    return ProbeResult(vllm.__version__, torch.__version__, type(current_platform).__name__,
+                       getattr(current_platform, "device_type", "unknown"), isa, kernel_error,
+                       ops, gpus)
 
 
 def _has_op(namespace: Any, op: str) -> bool:
@@ -107,14 +232,14 @@ def _has_op(namespace: Any, op: str) -> bool:
     return True
 
 
-def describe_model(model: Any) -> dict[str, Any]:
+def describe_model(model: Any) -> dict[str, dict[str, LayerCount]]:
     """Which quantization method, scheme and kernel class vLLM bound to each layer.
 
     Returns {"linear": {"Method/Scheme/Kernel": {"count": n, "example": layer}},
     "attention": {...}}; class names only, so it survives vLLM refactors.
     """
-    linear: dict[str, dict[str, Any]] = {}
-    attention: dict[str, dict[str, Any]] = {}
+    linear: dict[str, LayerCount] = {}
+    attention: dict[str, LayerCount] = {}
     for name, mod in model.named_modules():
         qm = getattr(mod, "quant_method", None)
         impl = getattr(mod, "impl", None)
@@ -143,12 +268,12 @@ def describe_model(model: Any) -> dict[str, Any]:
     return {"linear": linear, "attention": attention}
 
 
-def _count(table: dict[str, dict[str, Any]], key: str, name: str) -> None:
+def _count(table: dict[str, LayerCount], key: str, name: str) -> None:
     entry = table.setdefault(key, {"count": 0, "example": name})
     entry["count"] += 1
 
 
-def generate(req: dict[str, Any]) -> dict[str, Any]:
+def generate(req: Request) -> GenerateResult:
     if int(req.get("tp", 1)) > 1:
         # With several workers describe_model travels to them pickled.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -170,33 +295,38 @@ def generate(req: dict[str, Any]) -> dict[str, Any]:
         comp = res.outputs[0]
         steps = []
         for tok, lp in zip(comp.token_ids, comp.logprobs or [], strict=False):
-            steps.append({"token": int(tok), "logprob": float(lp[tok].logprob),
-                          "top": {str(k): float(v.logprob) for k, v in lp.items()}})
-        outputs.append({"token_ids": [int(t) for t in comp.token_ids], "steps": steps})
+            steps.append(Step(int(tok), float(lp[tok].logprob),
+                              {str(k): float(v.logprob) for k, v in lp.items()}))
+        outputs.append(Generated([int(t) for t in comp.token_ids], steps))
     engine = llm.llm_engine
     mcfg = getattr(getattr(engine, "vllm_config", None), "model_config", None) or getattr(
         engine, "model_config", None)
-    out: dict[str, Any] = {
-        "vllm_version": vllm.__version__, "outputs": outputs,
-        "load_s": round(load_s, 2), "generate_s": round(gen_s, 2),
-        "quantization": getattr(mcfg, "quantization", None),
-        "dtype": str(getattr(mcfg, "dtype", "")).replace("torch.", ""),
-        "engine_args": {k: v for k, v in kwargs.items() if k not in ("model", "tokenizer")},
-    }
+    layers: dict[str, dict[str, LayerCount]] | dict[str, str]
     try:
-        out["layers"] = llm.apply_model(describe_model)[0]
+        layers = llm.apply_model(describe_model)[0]
     except Exception as exc:  # introspection is a report, never a reason to fail the load
-        out["layers"] = {"error": error_line(exc)}
-    return out
+        layers = {"error": error_line(exc)}
+    return GenerateResult(vllm.__version__, outputs, round(load_s, 2), round(gen_s, 2),
+                          getattr(mcfg, "quantization", None),
+                          str(getattr(mcfg, "dtype", "")).replace("torch.", ""),
+                          _echo(kwargs), layers)
 
 
-def _engine(req: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+def _echo(kwargs: EngineArgs) -> EngineArgs:
+    """The engine arguments a result reports (all but the model paths)."""
+    echo = kwargs.copy()
+    echo.pop("model", None)
+    echo.pop("tokenizer", None)
+    return echo
+
+
+def _engine(req: Request) -> tuple[Any, EngineArgs]:
     """An LLM built from the request's engine settings (shared by generate and score)."""
     # The CPU backend sizes its KV cache from this (GiB); it refuses to start without it.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(req.get("kv_cache_space_gib", 1)))
     from vllm import LLM
 
-    kwargs: dict[str, Any] = {
+    kwargs: EngineArgs = {
         "model": req["model"], "tokenizer": req["model"],
         "tensor_parallel_size": int(req.get("tp", 1)),
         "kv_cache_dtype": req.get("kv_cache_dtype", "auto"),
@@ -208,7 +338,7 @@ def _engine(req: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return LLM(**kwargs), kwargs
 
 
-def _score_group(llm: Any, seqs: list[list[int]], starts: list[int]) -> list[dict[str, Any]]:
+def _score_group(llm: Any, seqs: list[list[int]], starts: list[int]) -> list[Scored]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -228,11 +358,11 @@ def _score_group(llm: Any, seqs: list[list[int]], starts: list[int]) -> list[dic
             entry = steps[pos][seq[pos]]
             lps.append(float(entry.logprob))
             ranks.append(int(entry.rank) if entry.rank is not None else -1)
-        outputs.append({"logprobs": lps, "ranks": ranks})
+        outputs.append(Scored(lps, ranks))
     return outputs
 
 
-def score(req: dict[str, Any]) -> dict[str, Any]:
+def score(req: Request) -> ScoreResult:
     """Log-probabilities of given tokens, per group of sequences (one group per metric, timed
     on its own after a warm-up). A sequence of n tokens is sent as its first n-1 (prompt
     log-probabilities: token i given the tokens before it, from the raw logits) and its last
@@ -254,19 +384,19 @@ def score(req: dict[str, Any]) -> dict[str, Any]:
         seqs = [list(map(int, s)) for s in g["sequences"]]
         t1 = time.perf_counter()
         outputs = _score_group(llm, seqs, [int(x) for x in g["score_from"]])
-        out_groups.append({"outputs": outputs, "seconds": round(time.perf_counter() - t1, 3),
-                           "tokens": sum(len(s) for s in seqs)})
+        out_groups.append(ScoredGroup(outputs, round(time.perf_counter() - t1, 3),
+                                      sum(len(s) for s in seqs)))
     engine = llm.llm_engine
     mcfg = getattr(getattr(engine, "vllm_config", None), "model_config", None)
     ccfg = getattr(getattr(engine, "vllm_config", None), "cache_config", None)
-    return {"vllm_version": vllm.__version__, "groups": out_groups, "load_s": round(load_s, 2),
-            "quantization": getattr(mcfg, "quantization", None),
-            "dtype": str(getattr(mcfg, "dtype", "")).replace("torch.", ""),
-            "kv_cache_dtype": str(getattr(ccfg, "cache_dtype", "")),
-            "engine_args": {k: v for k, v in kwargs.items() if k not in ("model", "tokenizer")}}
+    return ScoreResult(vllm.__version__, out_groups, round(load_s, 2),
+                       getattr(mcfg, "quantization", None),
+                       str(getattr(mcfg, "dtype", "")).replace("torch.", ""),
+                       str(getattr(ccfg, "cache_dtype", "")), _echo(kwargs))
 
 
-OPS = {"probe": probe, "generate": generate, "score": score}
+OPS: dict[str, Callable[[Request], Result]] = {"probe": probe, "generate": generate,
+                                              "score": score}
 
 
 def _write(path: str, data: dict[str, Any]) -> None:
@@ -296,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         op = OPS.get(req.get("op", ""))
         if op is None:
             raise ValueError(f"unknown op {req.get('op')!r}; known: {sorted(OPS)}")
-        result = {"ok": True, **op(req)}
+        result = {"ok": True, **result_json(op(req))}
     except BaseException as exc:  # report everything, including SystemExit from vLLM
         result = {"ok": False, "error": error_line(exc), "error_type": type(exc).__name__,
                   "traceback": traceback.format_exc()[-6000:]}

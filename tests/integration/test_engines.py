@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from quantize.model.config import ModelConfig
 from quantize.pipeline import RunOptions, run
 from quantize.spec.recipe import load_recipe
 from quantize.vllm import host as vllm_host
@@ -208,8 +209,8 @@ def test_engine_export_loads_in_vllm(recipe: str, exported: Any, tmp_path: Path)
     from quantize.stages import verify as V
 
     host = vllm_host.detect()
-    fmt = capabilities.checkpoint_format(
-        json.loads((exported(recipe) / "export" / "config.json").read_text()))
+    fmt = capabilities.checkpoint_format(ModelConfig.model_validate(
+        json.loads((exported(recipe) / "export" / "config.json").read_text())))
     if not capabilities.supported(fmt, host).ok:
         pytest.skip(f"this host's vLLM cannot run it: {capabilities.supported(fmt, host).reason}")
     res = V.verify(exported(recipe) / "export", level="vllm", out=tmp_path / "v")

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from quantize.errors import BackendUnavailable, NotImplementedFeature, RecipeError
+from quantize.model.config import ModelConfig
 from quantize.spec.engines import ENGINE_SCHEMES
 from quantize.spec.recipe import load_recipe
 from quantize.vllm import host as H
@@ -144,14 +145,14 @@ def test_autoawq_refuses_by_default_because_its_output_is_broken_here(
             r"backend autoawq does not work with transformers 5\.[\d.]+: .* broken checkpoint "
             r"of the default model here \(perplexity 17\.9 -> 194,000, garbage in vLLM too\); "
             r"use awq-int4-gptqmodel or awq-int4")):
-        check_model({"model_type": "llama"})
+        check_model(ModelConfig(model_type="llama"))
     monkeypatch.setenv(UNVERIFIED_ENV, "1")  # to reproduce: model types it at least runs with
-    check_model({"model_type": "llama"})
+    check_model(ModelConfig(model_type="llama"))
     with pytest.raises(NotImplementedFeature, match=(
             r"backend autoawq \(archived upstream, tested by its authors only up to "
             r"transformers 4\.51\) runs here with transformers 5\.[\d.]+ for model_type "
             r"llama, .* only, not 'gpt2'; use backend: gptqmodel or llmcompressor")):
-        check_model({"model_type": "gpt2"})
+        check_model(ModelConfig(model_type="gpt2"))
     assert "llama" in VERIFIED_MODEL_TYPES
 
 
@@ -182,7 +183,7 @@ AVX2 = H.Host("/x/python", "0.32.0", "cpu", {"avx2": True}, {})
       "version": "gemm"}, "native AWQ INT4 asymmetric weight-only (group 128)"),
 ])
 def test_native_checkpoint_formats(qc: dict[str, Any], label: str) -> None:
-    assert caps.checkpoint_format({"quantization_config": qc}).label == label
+    assert caps.checkpoint_format(ModelConfig(quantization_config=qc)).label == label
 
 
 @pytest.mark.parametrize(("host", "qc", "reason"), [
@@ -193,7 +194,7 @@ def test_native_checkpoint_formats(qc: dict[str, Any], label: str) -> None:
     (AVX2, GPTQ_QC, r"needs AVX-512 or a GPU \(the CPU build lacks cpu_gemm_wna16\)"),
 ])
 def test_native_formats_vllm_refuses(host: H.Host, qc: dict[str, Any], reason: str) -> None:
-    fmt = caps.checkpoint_format({"quantization_config": qc})
+    fmt = caps.checkpoint_format(ModelConfig(quantization_config=qc))
     support = caps.supported(fmt, host)
     assert not support.ok
     assert re.search(reason, support.reason), support.reason
@@ -201,7 +202,7 @@ def test_native_formats_vllm_refuses(host: H.Host, qc: dict[str, Any], reason: s
 
 @pytest.mark.parametrize("qc", [GPTQ_QC, AWQ_QC])
 def test_native_4bit_runs_on_an_avx512_cpu(qc: dict[str, Any]) -> None:
-    assert caps.supported(caps.checkpoint_format({"quantization_config": qc}), AVX512).ok
+    assert caps.supported(caps.checkpoint_format(ModelConfig(quantization_config=qc)), AVX512).ok
 
 
 # Packers written from the engines' own packing code (not from our decoder), for a known

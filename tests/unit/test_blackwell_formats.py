@@ -11,6 +11,7 @@ import pytest
 from quantize.checks import preflight
 from quantize.checks.formats import GpuTarget
 from quantize.errors import PreflightError, RecipeError
+from quantize.model.config import ModelConfig
 from quantize.planner import plan as P
 from quantize.planner.gpus import find
 from quantize.planner.weights import format_for, linear_bytes
@@ -20,10 +21,11 @@ from quantize.spec.schemes import KERNELS, gpu_support_level, native_schemes
 
 NEW = {"nvfp4": "NVFP4", "nvfp4a16": "NVFP4A16", "mxfp4": "MXFP4", "mxfp4a16": "MXFP4A16",
        "fp8-block": "FP8_BLOCK"}
-SMOL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
-        "intermediate_size": 1536, "num_hidden_layers": 2, "num_attention_heads": 9,
-        "num_key_value_heads": 3, "vocab_size": 1000, "tie_word_embeddings": True,
-        "torch_dtype": "float16"}
+SMOL = ModelConfig.model_validate({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
+    "intermediate_size": 1536, "num_hidden_layers": 2, "num_attention_heads": 9,
+    "num_key_value_heads": 3, "vocab_size": 1000, "tie_word_embeddings": True,
+    "torch_dtype": "float16"})
 
 
 def _cc(name: str) -> int:
@@ -128,8 +130,8 @@ def test_block_fp8_refuses_inputs_its_activation_groups_cannot_split(recipe_file
 
 
 def test_block_fp8_checks_tensor_parallel_shards(recipe_file) -> None:  # type: ignore[no-untyped-def]
-    cfg = {**SMOL, "hidden_size": 1024, "intermediate_size": 1152, "num_attention_heads": 8,
-           "num_key_value_heads": 8}
+    cfg = SMOL.updated(hidden_size=1024, intermediate_size=1152, num_attention_heads=8,
+                       num_key_value_heads=8)
     preflight.check(load_recipe("fp8-block"), cfg)  # 1152 = 9 x 128 at tp 1
     with pytest.raises(PreflightError, match=r"gate_proj: out_features 1152 \(576 per rank at "
                                              r"--tp 2\) is not a multiple of the 128-row"):
@@ -142,7 +144,7 @@ def test_block_fp8_checks_tensor_parallel_shards(recipe_file) -> None:  # type: 
 
 
 def test_fp4_group_must_divide_every_input() -> None:
-    cfg = {**SMOL, "intermediate_size": 1544}  # 1544 = 16 x 96.5: down_proj's input
+    cfg = SMOL.updated(intermediate_size=1544)  # 1544 = 16 x 96.5: down_proj's input
     with pytest.raises(PreflightError, match=r"groups of 16, which do not divide .*down_proj's "
                                              r"input \(1544\)"):
         preflight.check(load_recipe("nvfp4"), cfg)
@@ -192,7 +194,7 @@ def test_seed_question_rows_and_native_preference() -> None:
 
 
 # --- verify's support check -------------------------------------------------------------------
-def _ct_config(scheme: str) -> dict[str, object]:
+def _ct_config(scheme: str) -> ModelConfig:
     """config.json's quantization_config as compressed-tensors writes it for the preset."""
     from compressed_tensors.quantization import preset_name_to_scheme
 
@@ -200,8 +202,9 @@ def _ct_config(scheme: str) -> dict[str, object]:
     group = {"targets": ["Linear"], "weights": s.weights.model_dump(mode="json"),
              "input_activations": s.input_activations.model_dump(mode="json")
              if s.input_activations else None}
-    return {"quantization_config": {"quant_method": "compressed-tensors",
-                                    "config_groups": {"group_0": group}, "ignore": ["lm_head"]}}
+    return ModelConfig(quantization_config={"quant_method": "compressed-tensors",
+                                            "config_groups": {"group_0": group},
+                                            "ignore": ["lm_head"]})
 
 
 @pytest.mark.parametrize(("scheme", "family"), [

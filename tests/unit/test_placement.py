@@ -12,6 +12,7 @@ import pytest
 from quantize.checks import placement, preflight, resources
 from quantize.checks.placement import GiB, PlacementError, choose_host, load_plan
 from quantize.errors import NotImplementedFeature
+from quantize.model.config import ModelConfig
 from quantize.spec.recipe import load_recipe
 
 CONFIGS = Path(__file__).resolve().parents[2] / "quantize" / "data" / "model_configs"
@@ -111,8 +112,9 @@ def test_several_cpu_processes_with_disk_offload_are_refused() -> None:
 # --- through the memory check: a 70B model on one 80 GB GPU and a 64 GiB host ------------
 def test_70b_on_one_gpu_and_a_small_host_onloads_from_ram_and_disk(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    cfg = json.loads((CONFIGS / "meta-llama--Llama-3.1-70B-Instruct.json").read_text())
-    cfg.pop("quantization_config", None)
+    raw = json.loads((CONFIGS / "meta-llama--Llama-3.1-70B-Instruct.json").read_text())
+    raw.pop("quantization_config", None)
+    cfg = ModelConfig.model_validate(raw)
     meta = preflight.meta_model(cfg)
     r = load_recipe("gptq-int4")
     monkeypatch.setattr(resources, "host_free_bytes", lambda: 64 * GiB)

@@ -9,17 +9,18 @@ import pytest
 
 from quantize.checks import preflight
 from quantize.errors import PreflightError
+from quantize.model.config import ModelConfig
 from quantize.spec.recipe import Override, Recipe
 
 
-def llama(**over: Any) -> dict[str, Any]:
+def llama(**over: Any) -> ModelConfig:
     """A 2-layer config shaped like the default model (SmolLM2-135M)."""
     cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 576,
            "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
            "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 1024,
            "tie_word_embeddings": True}
     cfg.update(over)
-    return cfg
+    return ModelConfig.model_validate(cfg)
 
 
 def recipe(**over: Any) -> Recipe:
@@ -119,10 +120,11 @@ def test_tied_embeddings_refuse_quantized_lm_head() -> None:
 
 def test_kv_cache_needs_separate_k_v_projections() -> None:
     # Phi-3 fuses q/k/v into one qkv_proj Linear.
-    cfg = {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": 256,
-           "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 4,
-           "num_hidden_layers": 1, "vocab_size": 512, "tie_word_embeddings": False,
-           "pad_token_id": 0}
+    cfg = ModelConfig.model_validate({
+        "model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": 256,
+        "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "num_hidden_layers": 1, "vocab_size": 512, "tie_word_embeddings": False,
+        "pad_token_id": 0})
     r = recipe(scheme="FP8_DYNAMIC", group_size=None, kv_cache="fp8")
     with pytest.raises(PreflightError, match=r"kv_cache: fp8 needs separate k_proj/v_proj"):
         preflight.check(r, cfg)
@@ -134,8 +136,7 @@ def test_unknown_model_type_is_an_unsupported_architecture() -> None:
 
 
 def test_config_without_architectures_is_refused() -> None:
-    cfg = llama()
-    del cfg["architectures"]
+    cfg = llama().without("architectures")
     with pytest.raises(PreflightError, match=r"no `architectures`"):
         preflight.check(recipe(), cfg)
 

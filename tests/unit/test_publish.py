@@ -21,6 +21,7 @@ from safetensors.numpy import save_file
 
 from quantize.cli import main
 from quantize.errors import PublishError
+from quantize.model.config import ModelConfig
 from quantize.report.card import default_repo_name, kv_bytes_per_token
 from quantize.run.files import hash_tree
 from quantize.run.manifest import read_manifest, write_manifest
@@ -119,9 +120,10 @@ def test_invalid_hub_names_are_refused(tmp_path: Path, org: str, name: str | Non
 def test_kv_bytes_per_token_from_config() -> None:
     smol = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
             "hidden_size": 576}
-    assert kv_bytes_per_token(smol, 2) == 2 * 30 * 3 * 64 * 2
-    assert kv_bytes_per_token({**smol, "head_dim": 32}, 1) == 2 * 30 * 3 * 32
-    assert kv_bytes_per_token({"hidden_size": 8}, 2) is None
+    assert kv_bytes_per_token(ModelConfig.model_validate(smol), 2) == 2 * 30 * 3 * 64 * 2
+    assert kv_bytes_per_token(ModelConfig.model_validate({**smol, "head_dim": 32}), 1) == \
+        2 * 30 * 3 * 32
+    assert kv_bytes_per_token(ModelConfig(hidden_size=8), 2) is None
 
 
 # --- the card and the dry run ------------------------------------------------------------

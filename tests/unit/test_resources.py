@@ -11,19 +11,21 @@ import pytest
 
 from quantize.checks import preflight, resources
 from quantize.checks.resources import GiB, ResourceError, check_memory
+from quantize.model.config import ModelConfig
 from quantize.spec.recipe import load_recipe
 
 CONFIGS = Path(__file__).resolve().parents[2] / "quantize" / "data" / "model_configs"
-SMALL = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
-         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "vocab_size": 1000}
+SMALL = ModelConfig.model_validate({
+    "model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000})
 WINDOWS = [[0] * 2048] * 32  # the bench's 32 x 2048 calibration tokens
 
 
 @pytest.fixture(scope="module")
-def llama8b() -> tuple[dict[str, Any], Any]:
-    cfg = json.loads((CONFIGS / "meta-llama--Llama-3.1-8B-Instruct.json").read_text())
-    cfg.pop("quantization_config", None)
+def llama8b() -> tuple[ModelConfig, Any]:
+    raw = json.loads((CONFIGS / "meta-llama--Llama-3.1-8B-Instruct.json").read_text())
+    raw.pop("quantization_config", None)
+    cfg = ModelConfig.model_validate(raw)
     return cfg, preflight.meta_model(cfg)
 
 
@@ -64,7 +66,7 @@ def test_the_meta_model_is_passed_in_not_rebuilt(monkeypatch: pytest.MonkeyPatch
     check_memory(meta, load_recipe("gptq-int4"), SMALL, "cpu", [], 1)
 
 
-def test_estimate_matches_the_measured_8b_rows(llama8b: tuple[dict[str, Any], Any]) -> None:
+def test_estimate_matches_the_measured_8b_rows(llama8b: tuple[ModelConfig, Any]) -> None:
     """bench/RESULTS.md section 3, H200, Llama-3.1-8B architecture, GPTQ 32 x 2048 tokens:
     allocated peak 19.4 GiB (resident, batch 1), 27.9 (batch 8), 4.5 (loaded on the host)."""
     cfg, meta = llama8b
@@ -83,7 +85,7 @@ def test_estimate_matches_the_measured_8b_rows(llama8b: tuple[dict[str, Any], An
 @pytest.mark.parametrize(("free", "placement"), [(40, "resident"), (10, "onload"),
                                                  (6.5, "onload+offload")])
 def test_gpu_placement_is_the_cheapest_that_fits(
-        monkeypatch: pytest.MonkeyPatch, llama8b: tuple[dict[str, Any], Any], free: float,
+        monkeypatch: pytest.MonkeyPatch, llama8b: tuple[ModelConfig, Any], free: float,
         placement: str, capsys: pytest.CaptureFixture[str]) -> None:
     cfg, meta = llama8b
     _free(monkeypatch, gpu=free)
@@ -96,7 +98,7 @@ def test_gpu_placement_is_the_cheapest_that_fits(
 
 
 def test_gpu_refused_with_needed_free_and_each_fix(monkeypatch: pytest.MonkeyPatch,
-                                                   llama8b: tuple[dict[str, Any], Any]) -> None:
+                                                   llama8b: tuple[ModelConfig, Any]) -> None:
     cfg, meta = llama8b
     r = load_recipe("gptq-int4")
     _free(monkeypatch, gpu=4.0)
@@ -114,7 +116,7 @@ def test_gpu_refused_with_needed_free_and_each_fix(monkeypatch: pytest.MonkeyPat
 
 
 def test_data_free_recipes_need_no_activation_memory(
-        llama8b: tuple[dict[str, Any], Any]) -> None:
+        llama8b: tuple[ModelConfig, Any]) -> None:
     cfg, meta = llama8b
     r = load_recipe("rtn-int4")
     est = resources.estimate_gpu(resources.model_size(meta, r), r, cfg, [], 1)

@@ -15,6 +15,7 @@ import pytest
 
 from quantize.errors import VerifyError
 from quantize.model import decode as D
+from quantize.model.config import ModelConfig
 from quantize.model.qconfig import Args
 from quantize.stages import verify as V
 from quantize.stages.verify import target as T
@@ -23,6 +24,10 @@ from quantize.vllm import host as H
 from quantize.vllm import support as caps
 
 # --- formats and rules ------------------------------------------------------------------
+
+
+def checkpoint_format(cfg: dict[str, Any]) -> caps.CheckpointFormat:
+    return caps.checkpoint_format(ModelConfig.model_validate(cfg))
 
 
 def qconfig(weights: dict[str, Any], acts: dict[str, Any] | None = None,
@@ -67,13 +72,13 @@ def test_formats_are_classified() -> None:
         "dense": {},
     }
     for label, cfg in cases.items():
-        assert caps.checkpoint_format(cfg).label == label
+        assert checkpoint_format(cfg).label == label
 
 
 def test_other_quant_methods_are_refused() -> None:
     # native gptq/awq (backend gptqmodel/autoawq) are handled: tests/unit/test_backend_engines.py
     with pytest.raises(VerifyError, match=r"quant_method is 'bitsandbytes'"):
-        caps.checkpoint_format({"quantization_config": {"quant_method": "bitsandbytes"}})
+        checkpoint_format({"quantization_config": {"quant_method": "bitsandbytes"}})
 
 
 @pytest.mark.parametrize(("host", "cfg", "reason"), [
@@ -89,7 +94,7 @@ def test_other_quant_methods_are_refused() -> None:
     (gpu(90), qconfig(W2G64), r"2-bit weights have no built-in vLLM CUDA kernel"),
 ])
 def test_unsupported_formats_say_why(host: H.Host, cfg: dict[str, Any], reason: str) -> None:
-    s = caps.supported(caps.checkpoint_format(cfg), host)
+    s = caps.supported(checkpoint_format(cfg), host)
     assert not s.ok
     assert s.reason.startswith("not verifiable on this host: ")
     assert re.search(reason, s.reason), s.reason
@@ -102,14 +107,14 @@ def test_unsupported_formats_say_why(host: H.Host, cfg: dict[str, Any], reason: 
     (gpu(80), qconfig(W4G64)), (gpu(89), qconfig(F8CH, F8TOK, KV)),
 ])
 def test_supported_formats(host: H.Host, cfg: dict[str, Any]) -> None:
-    assert caps.supported(caps.checkpoint_format(cfg), host).ok
+    assert caps.supported(checkpoint_format(cfg), host).ok
 
 
 def test_kv_cache_override_makes_avx2_verifiable() -> None:
-    fmt = caps.checkpoint_format(qconfig(F8CH, F8TOK, KV))
+    fmt = checkpoint_format(qconfig(F8CH, F8TOK, KV))
     assert not caps.supported(fmt, AVX2, "auto").ok
     assert caps.supported(fmt, AVX2, "bfloat16").ok
-    assert not caps.supported(caps.checkpoint_format(qconfig(F8CH, F8TOK)), AVX2, "fp8").ok
+    assert not caps.supported(checkpoint_format(qconfig(F8CH, F8TOK)), AVX2, "fp8").ok
 
 
 @pytest.mark.parametrize(("cfg", "device", "flag"), [
@@ -122,7 +127,7 @@ def test_kv_cache_override_makes_avx2_verifiable() -> None:
 ])
 def test_serving_dtype_names_the_flag_only_where_the_own_dtype_cannot_run(
         cfg: dict[str, Any], device: str, flag: str | None) -> None:
-    need = caps.serving_dtype(caps.checkpoint_format(cfg), device)
+    need = caps.serving_dtype(checkpoint_format(cfg), device)
     assert (need.flag if need else None) == flag
     if need and cfg.get("dtype") == "float16" and "INT8" in need.reason:
         assert need.reason == ("vLLM CPU runs INT8 W8A8 only at --dtype bfloat16; this export "
@@ -132,7 +137,7 @@ def test_serving_dtype_names_the_flag_only_where_the_own_dtype_cannot_run(
 def test_no_vllm_env_is_not_verifiable_and_says_how_to_fix() -> None:
     host = H.Host(None, problem="no vLLM environment: run `make vllm-env`, or pass "
                                    "--vllm-python")
-    s = caps.supported(caps.checkpoint_format({}), host)
+    s = caps.supported(checkpoint_format({}), host)
     assert not s.ok and "make vllm-env" in s.reason
 
 

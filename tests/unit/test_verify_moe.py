@@ -14,6 +14,7 @@ import pytest
 from fixtures.moe import CONFIGS, build_moe
 
 from quantize.checks.preflight import moe_kernel_warning
+from quantize.model.config import ModelConfig
 from quantize.spec.recipe import load_recipe
 from quantize.stages import verify as V
 from quantize.vllm import host as H
@@ -43,12 +44,12 @@ class _Tok:
 
 
 def moe_config(arch: str, weights: dict[str, Any], acts: dict[str, Any] | None = None
-               ) -> dict[str, Any]:
+               ) -> ModelConfig:
     cfg = CONFIGS[arch](_Tok()).to_dict()
     cfg["quantization_config"] = {
         "quant_method": "compressed-tensors", "config_groups": {"group_0": {
             "targets": ["Linear"], "weights": weights, "input_activations": acts}}}
-    return cfg
+    return ModelConfig.model_validate(cfg)
 
 
 def problem(arch: str, host: H.Host, weights: dict[str, Any],
@@ -88,9 +89,10 @@ def test_moe_kernels_that_exist(arch: str, host: H.Host, w: dict[str, Any],
 
 
 def test_dense_models_have_no_moe_limit() -> None:
-    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-           "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 64,
-           "quantization_config": moe_config("qwen3_moe", W4)["quantization_config"]}
+    cfg = ModelConfig.model_validate({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 64,
+        "quantization_config": moe_config("qwen3_moe", W4).quantization_config})
     assert moe_problem(checkpoint_format(cfg), cfg, NO_AMX) is None
 
 
@@ -102,7 +104,7 @@ def test_preflight_warns_before_calibration_when_the_target_has_no_moe_kernel(
     cfg = CONFIGS["qwen3_moe"](_Tok())
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
-    config = cfg.to_dict()
+    config = ModelConfig.model_validate(cfg.to_dict())
     monkeypatch.setattr(H, "cpu_flags", lambda: ["avx512f"])  # no AMX
     note = moe_kernel_warning(load_recipe("gptq-int4"), config, model, gpu=False)
     assert note is not None and "no kernel for the MoE experts of W4A16" in note

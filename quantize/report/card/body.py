@@ -1,7 +1,7 @@
 """The values the card's body template (card.md) shows, computed from CardInputs.
 
 Each field of `BodyView` is a template variable; the wording and layout live in the template,
-the facts here: what the checkpoint's quantization_config says (quantize.model.qconfig), what
+the facts here: what the checkpoint's quantization block says (quantize.model.qconfig), what
 the scheme and engine tables say (quantize.spec), and the run's results (inputs.py views).
 """
 

@@ -13,6 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from quantize.model.config import ModelConfig
 from quantize.model.qconfig import QuantConfig, read_quant_config
 from quantize.spec.recipe import Recipe
 
@@ -66,7 +67,7 @@ class CardInputs:
     base: BaseInfo
     recipe: Recipe
     recipe_text: str
-    config: Json  # the export's config.json
+    config: ModelConfig  # the export's config.json
     calibration: Calibration | None
     versions: dict[str, str]
     group_size: int | None  # pre-flight facts of the run
@@ -82,7 +83,7 @@ class CardInputs:
 
     @cached_property
     def quant(self) -> QuantConfig | None:
-        """The export's quantization_config, typed (quantize.model.qconfig)."""
+        """The export's quantization block, typed (quantize.model.qconfig)."""
         return read_quant_config(self.config)
 
     @property

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quantize.errors import QuantizeError
-from quantize.model.config import config_dtype, dtype_bytes, kv_dims, model_shape
+from quantize.model.config import ModelConfig, config_dtype, dtype_bytes, kv_dims, model_shape
 from quantize.planner import kv
 from quantize.progress import human_bytes as _human_bytes
-from quantize.report.card.inputs import CardInputs, Json
+from quantize.report.card.inputs import CardInputs
 
 
 def human_bytes(n: float) -> str:
@@ -26,7 +26,7 @@ def _counted(n: int | None) -> str:
     return f"{n:,} B" if n is not None else "unknown"
 
 
-def _raw_kv(config: Json, element_bytes: int) -> tuple[int | None, str]:
+def _raw_kv(config: ModelConfig, element_bytes: int) -> tuple[int | None, str]:
     """The plain count from config.json's sizes, for configs transformers cannot build."""
     dims = kv_dims(config)
     if dims is None:
@@ -37,7 +37,7 @@ def _raw_kv(config: Json, element_bytes: int) -> tuple[int | None, str]:
             f"{element_bytes} bytes per element")
 
 
-def kv_per_token(config: Json, element_bytes: int) -> tuple[int | None, str]:
+def kv_per_token(config: ModelConfig, element_bytes: int) -> tuple[int | None, str]:
     """(bytes, how they were counted) of the KV cache per token, all layers, one GPU."""
     try:
         shape = model_shape(config)
@@ -47,7 +47,7 @@ def kv_per_token(config: Json, element_bytes: int) -> tuple[int | None, str]:
             kv.kv_description(shape, 1, f"{element_bytes} bytes per element"))
 
 
-def kv_bytes_per_token(config: Json, element_bytes: int) -> int | None:
+def kv_bytes_per_token(config: ModelConfig, element_bytes: int) -> int | None:
     """2 (K and V) × layers × KV heads × head dim × bytes per element (the latent size for
     MLA); None if the config lacks the sizes."""
     return kv_per_token(config, element_bytes)[0]

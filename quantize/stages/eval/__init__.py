@@ -17,7 +17,7 @@ from typing import Any
 
 from quantize.errors import EvalError, first_line
 from quantize.metrics import expert_coverage, expert_coverage_lines
-from quantize.model.config import read_config, torch_dtype
+from quantize.model.config import ModelConfig, read_config, torch_dtype
 from quantize.model.decode import load_dequantized
 from quantize.model.moe import load_linearized, transformers_load_problem
 from quantize.model.qconfig import NATIVE_METHODS, quant_method
@@ -74,7 +74,7 @@ def load_model(path: Path, device: str) -> tuple[Any, Any]:
     return model, tok
 
 
-def dense_native(path: Path, config: dict[str, Any], device: str) -> Any:
+def dense_native(path: Path, config: ModelConfig, device: str) -> Any:
     """A native GPTQ/AWQ export (backend gptqmodel/autoawq) decoded once from its stored
     integers, zero points and scales into a dense model: fp32 on CPU, the same arithmetic as
     the compressed-tensors path, so engines compare on equal terms. Loaded as is through

@@ -77,7 +77,7 @@ def evaluate(path: Path, suite: EvalSuite, choice: EngineChoice, label: str, wor
 
     assert choice.vllm_python is not None
     tok = AutoTokenizer.from_pretrained(path)
-    max_length = int(read_config(path, error=EvalError).get("max_position_embeddings") or 2048)
+    max_length = int(read_config(path, error=EvalError).max_position_embeddings or 2048)
     groups: list[dict[str, Any]] = []
     plans: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from quantize.errors import ExportError, PublishError, QuantizeError
+from quantize.model.config import ModelConfig
 from quantize.run.files import check_tree
 from quantize.run.manifest import MANIFEST, ExportManifest, Manifest, RunFolder
 from quantize.spec.recipe import Recipe
@@ -41,7 +42,7 @@ class RunFiles:
     export: Path
     export_manifest: ExportManifest
     export_manifest_json: Json  # the file as written (shipped scrubbed under quantize/)
-    config: Json  # the export's config.json
+    config: ModelConfig  # the export's config.json
     recipe: Recipe
     recipe_text: str
     eval: Json | None

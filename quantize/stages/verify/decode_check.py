@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantize.model import decode
+from quantize.model.config import ModelConfig
 from quantize.model.qconfig import read_quant_config
 from quantize.stages.verify.scoring import load_hf, log_probs
 from quantize.stages.verify.target import source_model
@@ -58,7 +59,7 @@ def eval_text_ids(ckpt: Path, n: int = 4, length: int = 64) -> torch.Tensor:
     return torch.tensor(rows)
 
 
-def verify_decode(ckpt: Path, config: dict[str, Any], tol: DecodeTolerance) -> dict[str, Any]:
+def verify_decode(ckpt: Path, config: ModelConfig, tol: DecodeTolerance) -> dict[str, Any]:
     """Fallback: compressed-tensors' (or, for native GPTQ/AWQ, GPTQModel's) decode vs ours,
     plus the weights against the source."""
     t0 = time.perf_counter()

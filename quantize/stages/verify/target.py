@@ -4,10 +4,9 @@ from, and the fixed prompts both engines decode from."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from quantize.errors import ExportError, VerifyError
-from quantize.model.config import config_path, read_config
+from quantize.model.config import ModelConfig, config_path, read_config
 from quantize.run.manifest import MANIFEST, read_export_manifest
 
 NAME = "verify"
@@ -35,7 +34,7 @@ def resolve_target(path: Path) -> tuple[Path, Path | None]:
                       "(with config.json); give `runs/<name>` or an export folder")
 
 
-def checkpoint_config(ckpt: Path) -> dict[str, Any]:
+def checkpoint_config(ckpt: Path) -> ModelConfig:
     """config.json of a checkpoint that has weights to verify."""
     if not list(ckpt.glob("*.safetensors")):
         raise VerifyError(f"{ckpt} has no *.safetensors weights; re-run the export")
