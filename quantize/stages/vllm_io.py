@@ -6,6 +6,7 @@ the fields the stages read, keeping the rest."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 
@@ -18,6 +19,9 @@ class EngineRequest(Record):
 
     op: str
     model: str
+
+    def model_post_init(self, context: Any, /) -> None:
+        self.__pydantic_fields_set__.add("op")  # the worker dispatches on it: always sent
 
 
 class ScoreGroup(Record):
