@@ -49,7 +49,7 @@ def ours(model: Any, tok: Any, text_path: Path, tokens: int, seq_len: int,
     spec = MetricSpec(name="ppl", kind="perplexity", direction="lower_is_better",
                       threshold=0.5, path=str(text_path), max_tokens=tokens, seq_len=seq_len)
     r = perplexity(model, tok, spec, batch)
-    return {"ppl": r["value"], "scored_tokens": r["n"], "seconds": r["seconds"]}
+    return {"ppl": r.value, "scored_tokens": r.n, "seconds": r.seconds}
 
 
 def lm_eval_rolling(model: Any, tok: Any, text: str, seq_len: int, batch: int,

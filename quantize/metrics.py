@@ -9,11 +9,19 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quantize.errors import EvalError, first_line
 from quantize.spec.recipe import MetricSpec
 from quantize.stages.calibrate import BUILTIN_TEXT, DATA_DIR, hub_texts
+from quantize.stages.results import (
+    CoverageDetails,
+    CoverageLayer,
+    CoverageSummary,
+    MetricRow,
+    Score,
+    Settings,
+)
 
 # one table of shipped texts; `novel`: a whole novel, for long-context windows (data/README.md)
 BUILTIN_EVAL_TEXT = {"wiki-eval": BUILTIN_TEXT["wiki-eval"], "novel": DATA_DIR / "novel.txt"}
@@ -83,26 +91,26 @@ def score_from(spec: MetricSpec) -> int:
 
 
 def perplexity_result(spec: MetricSpec, wins: list[tuple[int, int, int]],
-                      nll_sums: list[float], seconds: float) -> dict[str, Any]:
+                      nll_sums: list[float], seconds: float) -> Score:
     """The metric's result from each window's summed NLL over its scored tokens."""
     counts = [scored for _, _, scored in wins]
     total = sum(counts)
     mean_nll = sum(nll_sums) / total
-    settings: dict[str, Any] = {"seq_len": spec.seq_len, "tokens": total}
+    settings: Settings = {"seq_len": spec.seq_len, "tokens": total}
     if spec.kind == "long_perplexity":
         settings.update({"score_from": score_from(spec), "windows": len(wins)})
     else:
         settings["stride"] = spec.stride or spec.seq_len
-    return {
-        "value": math.exp(mean_nll),
-        "mean_nll": mean_nll,
-        "per_window_nll": [s / c for s, c in zip(nll_sums, counts, strict=True)],
-        "window_tokens": counts,
-        "n": total,
-        "tokens_per_s": round(sum(e - b for b, e, _ in wins) / seconds, 1),
-        "seconds": round(seconds, 2),
-        "settings": settings,
-    }
+    return Score(
+        value=math.exp(mean_nll),
+        mean_nll=mean_nll,
+        per_window_nll=[s / c for s, c in zip(nll_sums, counts, strict=True)],
+        window_tokens=counts,
+        n=total,
+        tokens_per_s=round(sum(e - b for b, e, _ in wins) / seconds, 1),
+        seconds=round(seconds, 2),
+        settings=settings,
+    )
 
 
 def _long_nll(model: Any, all_ids: Any, wins: list[tuple[int, int, int]]) -> list[float]:
@@ -120,7 +128,7 @@ def _long_nll(model: Any, all_ids: Any, wins: list[tuple[int, int, int]]) -> lis
     return sums
 
 
-def perplexity(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int) -> dict[str, Any]:
+def perplexity(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int) -> Score:
     """Token-level perplexity: exp(mean NLL per predicted token) over the first max_tokens
     tokens of the text (token perplexity, not lm-eval's word perplexity)."""
     import torch
@@ -158,7 +166,15 @@ def perplexity(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int) ->
 
 
 # --- multiple choice via lm-eval ----------------------------------------------------------
-def _bigbench_docs(task: str) -> list[dict[str, Any]]:
+class ChoiceDoc(TypedDict):
+    """One multiple-choice example as lm-eval's task YAML reads it (a JSONL line)."""
+
+    text: str
+    choices: list[str]
+    gold: int
+
+
+def _bigbench_docs(task: str) -> list[ChoiceDoc]:
     path = BIGBENCH_DIR / f"{task}.json"
     if not path.is_file():
         known = sorted(p.stem for p in BIGBENCH_DIR.glob("*.json"))
@@ -174,7 +190,7 @@ def _bigbench_docs(task: str) -> list[dict[str, Any]]:
         # The prompt ends without trailing space: lm-eval adds " " before each choice, so
         # the space belongs to the continuation (as the model saw it in training).
         text = (prefix + in_prefix + ex["input"] + out_prefix).lstrip("\n").rstrip()
-        docs.append({"text": text, "choices": choices, "gold": gold})
+        docs.append(ChoiceDoc(text=text, choices=choices, gold=gold))
     return docs
 
 
@@ -274,7 +290,7 @@ def token_lm(tokenizer: Any, scorer: TokenScorer, max_length: int) -> Any:
 
 
 def multiple_choice(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int,
-                    workdir: Path, lm: Any = None) -> dict[str, Any]:
+                    workdir: Path, lm: Any = None) -> Score:
     """Accuracy through lm-eval: `model` via HFLM, or `lm` (a token_lm) when given."""
     import logging
 
@@ -304,18 +320,18 @@ def multiple_choice(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: in
     per_example = [float(s["acc"]) for s in samples]
     n = len(per_example)
     acc = sum(per_example) / n
-    return {
-        "value": acc,
-        "stderr": math.sqrt(acc * (1 - acc) / max(n - 1, 1)),
-        "per_example": per_example,
-        "n": n,
-        "seconds": round(time.perf_counter() - t0, 2),
-        "settings": {"task": spec.task, "num_fewshot": spec.num_fewshot, "limit": spec.limit},
-    }
+    return Score(
+        value=acc,
+        stderr=math.sqrt(acc * (1 - acc) / max(n - 1, 1)),
+        per_example=per_example,
+        n=n,
+        seconds=round(time.perf_counter() - t0, 2),
+        settings={"task": spec.task, "num_fewshot": spec.num_fewshot, "limit": spec.limit},
+    )
 
 
 # --- MoE expert coverage (a structural gate row, not a paired measurement) ------------------
-def expert_coverage(export: Path) -> dict[str, Any] | None:
+def expert_coverage(export: Path) -> MetricRow | None:
     """The `expert_coverage` row of an MoE export (None for a dense one): 1.0 when every
     expert's exported scales are finite and every expert saw calibration data, else 0.0;
     blocking (an expert with NaN/Inf scales or never calibrated is a broken release). The
@@ -333,33 +349,36 @@ def expert_coverage(export: Path) -> dict[str, Any] | None:
     if cov is not None:
         problems += [f"{e}: never calibrated (no routed token)" for e in cov.never_calibrated]
     value = 0.0 if problems else 1.0
-    details: dict[str, Any] = {
-        "experts_checked": scales.experts, "scale_tensors": scales.tensors,
-        "nonfinite_scales": scales.nonfinite, "all_zero_scales": scales.all_zero,
-        "coverage": cov.summary() if cov is not None else None,
-        "layers": [lay.model_dump(exclude={"counts"}) for lay in cov.layers] if cov else [],
-        "problems": problems}
-    return {"name": "expert_coverage", "kind": "expert_coverage",
-            "direction": "higher_is_better", "baseline": 1.0, "candidate": value,
-            "baseline_stderr": None, "candidate_stderr": None, "diff_se": None,
-            "recovery": value, "threshold": 1.0, "on_fail": "block",
-            "n": scales.experts, "seconds": round(time.perf_counter() - t0, 2),
-            "settings": {}, "details": details}
+    details = CoverageDetails(
+        experts_checked=scales.experts, scale_tensors=scales.tensors,
+        nonfinite_scales=scales.nonfinite, all_zero_scales=scales.all_zero,
+        coverage=CoverageSummary.model_validate(cov.summary()) if cov is not None else None,
+        layers=[CoverageLayer.model_validate(lay.model_dump(exclude={"counts"}))
+                for lay in cov.layers] if cov else [],
+        problems=problems)
+    return MetricRow(name="expert_coverage", kind="expert_coverage",
+                     direction="higher_is_better", baseline=1.0, candidate=value,
+                     baseline_stderr=None, candidate_stderr=None, diff_se=None,
+                     recovery=value, threshold=1.0, on_fail="block",
+                     n=scales.experts, seconds=round(time.perf_counter() - t0, 2),
+                     settings={}, details=details)
 
 
-def expert_coverage_lines(row: dict[str, Any]) -> list[str]:
+def expert_coverage_lines(row: MetricRow) -> list[str]:
     """The eval report's and the card's words for the row."""
-    d = row["details"]
-    cov = d.get("coverage")
-    lines = [f"Expert coverage: {d['experts_checked']} experts' scales checked, "
-             f"{len(d['nonfinite_scales'])} with NaN/Inf, {len(d['all_zero_scales'])} "
+    d = MetricRow.model_validate(row).details  # a row read from an older eval.json, too
+    if d is None:
+        return []
+    cov = d.coverage
+    lines = [f"Expert coverage: {d.experts_checked} experts' scales checked, "
+             f"{len(d.nonfinite_scales)} with NaN/Inf, {len(d.all_zero_scales)} "
              "all zero."]
     if cov:
-        how = "every expert calibrated on every token" if cov["all_experts_calibrated"] \
-            else "experts calibrated on their routed tokens only" if cov["calibrated"] \
+        how = "every expert calibrated on every token" if cov.all_experts_calibrated \
+            else "experts calibrated on their routed tokens only" if cov.calibrated \
             else "data-free recipe"
-        lines.append(f"Routed tokens per expert over {cov['layers']} MoE layers: min "
-                     f"{cov['min']}, median {cov['median']:g}, max {cov['max']}; "
-                     f"{cov['unrouted']} expert(s) got none ({how}).")
-    lines += [f"- {p}" for p in d["problems"]]
+        lines.append(f"Routed tokens per expert over {cov.layers} MoE layers: min "
+                     f"{cov.min}, median {cov.median:g}, max {cov.max}; "
+                     f"{cov.unrouted} expert(s) got none ({how}).")
+    lines += [f"- {p}" for p in d.problems]
     return lines

@@ -168,8 +168,8 @@ def _checkpoint_eval(folder: Path, suite: str | None, out: Path | None, req: Any
     s = evaluate(folder, suite, dest, pick_device("auto"), req)
     click.echo((dest / "gate.md").read_text())
     click.echo(f"reports: {dest}")
-    if s["gate"]["verdict"] != "pass":
-        raise GateFailed(f"gate failed: {', '.join(s['gate']['failures'])}; see {dest}/gate.md")
+    if s.gate.verdict != "pass":
+        raise GateFailed(f"gate failed: {', '.join(s.gate.failures)}; see {dest}/gate.md")
 
 
 @main.command("gate")

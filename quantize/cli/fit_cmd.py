@@ -5,13 +5,17 @@ steps (budget -> calibrate -> sensitivity -> knapsack -> recipe -> pipeline -> v
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from quantize.cli.app import handle_errors, main
 from quantize.spec.recipe import DEFAULT_RECIPE
+
+if TYPE_CHECKING:
+    from quantize.pipeline import RunOptions
 
 
 def _bits(text: str) -> tuple[int, ...]:
@@ -83,8 +87,7 @@ def fit_cmd(model: str, gpu_name: str | None, gpus: int, context: int, concurren
     tag = _tag(gpu_name, gpus, context, concurrency, kv_cache_dtype, weights)
     run_dir = out or Path("runs") / f"{p.source.name}-fit-{tag}"
     measured = not (dry_run and p.source.origin.startswith(("builtin:", "hub:")))
-    opts = {"model": model, "out": run_dir, "dataset": dataset, "suite": suite,
-            "device": device}
+    opts = FitRun(model=model, out=run_dir, dataset=dataset, suite=suite, device=device)
     costs = _costs(p, base_name, opts, sensitivity_tokens) if measured else _prior(p)
     _assign_and_run(p, costs, measured, opts, f"fit-{tag}", dry_run, verify,
                     [*runs_dirs] or [Path("runs")])
@@ -110,17 +113,34 @@ def _prior(p: object) -> dict[str, dict[int, float]]:
     return prior(p.units, p.shape.layers)
 
 
-def _costs(p: object, base_name: str, opts: dict[str, Any],
+@dataclass(frozen=True)
+class FitRun:
+    """Where and on what the fit's pipeline runs (calibrate, then the fitted recipe)."""
+
+    model: str
+    out: Path
+    dataset: str | None
+    suite: str | None
+    device: str
+
+    def options(self, recipe: str, until: str) -> RunOptions:
+        from quantize.pipeline import RunOptions
+
+        return RunOptions(recipe=recipe, until=until, model=self.model, out=self.out,
+                          dataset=self.dataset, suite=self.suite, device=self.device)
+
+
+def _costs(p: object, base_name: str, opts: FitRun,
            n_tokens: int) -> dict[str, dict[int, float]]:
     """Calibrate (the pipeline's own stage, into the run folder), then measure."""
     from quantize.fit.assign import Problem
     from quantize.fit.sensitivity import VERSION, SensitivityKey, measure
-    from quantize.pipeline import RunOptions, run
+    from quantize.pipeline import run
     from quantize.stages import calibrate
 
     assert isinstance(p, Problem)
-    run_dir = opts["out"]
-    pipe = run(RunOptions(recipe=base_name, until="calibrate", **opts))
+    run_dir = opts.out
+    pipe = run(opts.options(base_name, "calibrate"))
     calib = pipe.manifest["stages"]["calibrate"]["summary"]["fingerprint"]
     key = SensitivityKey(calib, pipe.fingerprint(), p.base.scheme, p.units.group,
                          sorted({c.bits for u in p.units.units for c in u.choices}), n_tokens,
@@ -130,7 +150,7 @@ def _costs(p: object, base_name: str, opts: dict[str, Any],
 
 
 def _assign_and_run(p: object, costs: dict[str, dict[int, float]], measured: bool,
-                    opts: dict[str, Any], name: str, dry_run: bool, verify: bool,
+                    opts: FitRun, name: str, dry_run: bool, verify: bool,
                     roots: list[Path]) -> None:
     from quantize.errors import GateFailed
     from quantize.fit import report
@@ -139,7 +159,7 @@ def _assign_and_run(p: object, costs: dict[str, dict[int, float]], measured: boo
     from quantize.progress import info
 
     assert isinstance(p, Problem)
-    run_dir, model = opts["out"], opts["model"]
+    run_dir, model = opts.out, opts.model
     a = solve(p, costs, measured)
     path = write_recipe(fit_recipe(p, a, name), run_dir)
     for line in report.assignment_lines(p, a) + report.unit_table(p, a, costs):
@@ -154,9 +174,9 @@ def _assign_and_run(p: object, costs: dict[str, dict[int, float]], measured: boo
              f"--out {run_dir}")
         return
     from quantize.cli.summary import print_summary
-    from quantize.pipeline import RunOptions, run
+    from quantize.pipeline import run
 
-    pipe = run(RunOptions(recipe=str(path), until="gate", **opts))
+    pipe = run(opts.options(str(path), "gate"))
     print_summary(pipe)
     extra["measured_recovery"] = measured_rec = report.ppl_recovery(run_dir)
     extra["export_bytes"] = report.export_size(run_dir)
@@ -164,9 +184,8 @@ def _assign_and_run(p: object, costs: dict[str, dict[int, float]], measured: boo
         from quantize.stages.verify import verify as verify_run
 
         v = verify_run(run_dir)
-        extra["verify"] = {"verdict": v["verdict"], "level": v["level"],
-                           "result": v.get("result")}
-        info(f"verify: {v.get('result') or v['verdict']}")
+        extra["verify"] = {"verdict": v.verdict, "level": v.level, "result": v.result}
+        info(f"verify: {v.result or v.verdict}")
     report.record(run_dir / "fit", p, a, extra)
     pred = a.predicted_recovery
     info(f"recovery: predicted {pred:.1%}, measured {measured_rec:.1%} (gate, perplexity)"

@@ -2,36 +2,37 @@
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
 
 from quantize.progress import console, human_bytes
 from quantize.stages import STAGES
+from quantize.stages.results import GateResult
 
 if TYPE_CHECKING:
     from quantize.pipeline import Pipeline
 
 
-def print_gate(result: dict[str, Any]) -> None:
+def print_gate(result: GateResult) -> None:
     """The gate table; notes go under it, numbered, so that a narrow terminal (or a CI log,
     80 columns) still shows every metric's name and numbers on one line."""
-    color = "green" if result["verdict"] == "pass" else "red"
-    table = Table(title=f"gate: [{color}]{result['verdict'].upper()}[/{color}]")
+    result = GateResult.model_validate(result)  # gate.json as read, too
+    color = "green" if result.verdict == "pass" else "red"
+    table = Table(title=f"gate: [{color}]{result.verdict.upper()}[/{color}]")
     for col in ("metric", "baseline", "candidate", "recovery", "threshold", "verdict"):
         table.add_column(col, no_wrap=True)
     notes: list[str] = []
-    for r in result["rows"]:
-        v = r["verdict"]
+    for r in result.rows:
+        v = r.verdict
         vc = {"pass": "green", "fail": "red", "warn": "yellow"}[v]
         mark = ""
-        if r["note"]:
-            notes.append(f"({len(notes) + 1}) {r['name']}: {r['note']}")
+        if r.note:
+            notes.append(f"({len(notes) + 1}) {r.name}: {r.note}")
             mark = f" ({len(notes)})"
-        table.add_row(r["name"], f"{r['baseline']:.4g}", f"{r['candidate']:.4g}",
-                      f"{r['recovery']:.2%}", f"≥ {r['threshold']:.0%}",
+        table.add_row(r.name, f"{r.baseline:.4g}", f"{r.candidate:.4g}",
+                      f"{r.recovery:.2%}", f"≥ {r.threshold:.0%}",
                       f"[{vc}]{v}[/{vc}]{mark}")
     console.print(table)
     for note in notes:
@@ -54,7 +55,7 @@ def print_summary(pipe: Pipeline) -> None:
     console.print(table)
     gate_md = pipe.run_dir / "gate" / "gate.json"
     if "gate" in pipe.keys and gate_md.is_file():
-        print_gate(json.loads(gate_md.read_text()))
+        print_gate(GateResult.model_validate_json(gate_md.read_text()))
     export = stages.get("export", {}).get("summary")
     if export and "export" in pipe.keys:
         before = sum(p.stat().st_size for p in pipe.model.path.glob("*.safetensors"))

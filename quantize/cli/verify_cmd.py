@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from quantize.cli.app import handle_errors, main
 from quantize.errors import VerifyError
+
+if TYPE_CHECKING:
+    from quantize.stages.verify.result import VerifySummary
 
 
 @main.command("verify")
@@ -46,38 +50,38 @@ def verify_cmd(target: Path, tp: int, kv_cache_dtype: str, vllm_python: Path | N
         s = verify(target, tp=tp, kv_cache_dtype=kv_cache_dtype, vllm_python=vllm_python,
                    level=level, timeout_s=timeout_s, out=out, rerun=rerun)
     _print(s)
-    if s["verdict"] != "pass":
-        raise VerifyError(f"{s.get('error', 'verification failed')} "
-                          f"(report: {s['out']}/verify.json)")
+    if s.verdict != "pass":
+        raise VerifyError(f"{s.error if 'error' in s else 'verification failed'} "
+                          f"(report: {s.out}/verify.json)")
 
 
-def _print(s: dict[str, object]) -> None:
+def _print(s: VerifySummary) -> None:
     from quantize.progress import console
     from quantize.stages.verify import dtype_note
 
-    ok = s["verdict"] == "pass"
+    ok = s.verdict == "pass"
     color = "green" if ok else "red"
-    level = {"vllm": "full vLLM check", "decode": "decode check (fallback)"}[str(s["level"])]
-    console.print(f"[{color}]{str(s['verdict']).upper()}[/{color}] - {level}: {s['format']}")
-    console.print(f"host: {s['host']}")
-    if s.get("why_not_vllm"):
-        console.print(f"[yellow]{s['why_not_vllm']}[/yellow]")
-    v = s.get("vllm")
-    if isinstance(v, dict):
-        console.print(f"vLLM {v.get('vllm_version')}: quantization method "
-                      f"{v.get('quantization')}, dtype {v.get('dtype')}, load {v.get('load_s')}"
-                      f" s, generate {v.get('generate_s')} s")
-        layers = v.get("layers") or {}
+    level = {"vllm": "full vLLM check", "decode": "decode check (fallback)"}[s.level]
+    console.print(f"[{color}]{s.verdict.upper()}[/{color}] - {level}: {s.format}")
+    console.print(f"host: {s.host}")
+    if s.why_not_vllm:
+        console.print(f"[yellow]{s.why_not_vllm}[/yellow]")
+    v = s.vllm
+    if v is not None:
+        console.print(f"vLLM {v.vllm_version}: quantization method "
+                      f"{v.quantization}, dtype {v.dtype}, load {v.load_s}"
+                      f" s, generate {v.generate_s} s")
         for kind in ("linear", "attention"):
-            for key, e in (layers.get(kind) or {}).items():
-                console.print(f"  {kind}: {key} × {e['count']}")
-    m = s.get("metrics")
-    if isinstance(m, dict):
+            kernels = (v.layers or {}).get(kind)
+            for key, e in (kernels.items() if isinstance(kernels, dict) else ()):
+                console.print(f"  {kind}: {key} × {e.count}")
+    if s.metrics is not None:
+        m = s.metrics.to_json()
         keys = ("agreement", "mean_abs_dlogprob", "max_abs_dlogprob", "greedy_prefix_match",
                 "worst_weight_rel_diff", "source_cosine_min")
         console.print("  " + ", ".join(f"{k} {m[k]}" for k in keys if m.get(k) is not None))
     if note := dtype_note(s):
         console.print(f"[yellow]{note}[/yellow]")
-    if s.get("serve_command"):
-        console.print(f"reproduce: {s['serve_command']}")
-    console.print(f"report: {s['out']}/verify.json ({s['duration_s']} s)")
+    if s.serve_command:
+        console.print(f"reproduce: {s.serve_command}")
+    console.print(f"report: {s.out}/verify.json ({s.duration_s} s)")

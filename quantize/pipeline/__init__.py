@@ -97,6 +97,15 @@ class RunOptions:
 
 
 @dataclass
+class _Hashing:
+    """The model fingerprint being computed in a background thread."""
+
+    thread: threading.Thread | None = None
+    value: str | None = None
+    error: BaseException | None = None
+
+
+@dataclass
 class Pipeline:
     opts: RunOptions
     recipe: Recipe = field(init=False)
@@ -109,7 +118,7 @@ class Pipeline:
     keys: dict[str, str] = field(init=False, default_factory=dict)
     meta: Any = field(init=False, default=None)  # the meta-device model pre-flight built
     target_gpu: GpuTarget | None = field(init=False, default=None)  # --gpu, resolved
-    _fp: tuple[threading.Thread, dict[str, Any]] | None = field(init=False, default=None)
+    _fp: _Hashing | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if self.opts.until not in STAGES:
@@ -127,7 +136,7 @@ class Pipeline:
             check_support(self.recipe, self.device, self.opts.gpus, visible_gpus(self.device))
 
     # --- the driver -----------------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
+    def run(self) -> None:
         with run_lock(self.run_dir, private=from_hub(self.model)):
             self.manifest = read_manifest(self.run_dir)
             # one meta-device model for pre-flight and the memory estimate (no weights read)
@@ -148,36 +157,35 @@ class Pipeline:
             if "gate" in self.keys and gate:
                 self.manifest["releasable"] = gate["summary"]["verdict"] == "pass"
             write_manifest(self.run_dir, self.manifest)
-            return self.manifest
 
     def _start_fingerprint(self) -> None:
         """Hash the model's weights (16 GB for an 8B model: 4.6 s on the H200 host, the
         largest fixed cost of a first run, bench/RESULTS.md) in a background thread while
         calibration and quantization run; hashlib releases the GIL. A stage whose decision
         needs it (a finished result to compare against) waits for it."""
-        box: dict[str, Any] = {}
+        box = _Hashing()
 
         def work() -> None:
             try:
-                box["value"] = model_fingerprint(self.model)
+                box.value = model_fingerprint(self.model)
             except BaseException as exc:  # re-raised in the caller's thread
-                box["error"] = exc
+                box.error = exc
 
-        thread = threading.Thread(target=work, name="model-fingerprint", daemon=True)
-        thread.start()
-        self._fp = (thread, box)
+        box.thread = threading.Thread(target=work, name="model-fingerprint", daemon=True)
+        box.thread.start()
+        self._fp = box
 
     def fingerprint(self) -> str:
         """The model's fingerprint (waits for the background hash), recorded in the manifest."""
         if self._fp is None:
             self._start_fingerprint()
-        assert self._fp is not None
-        thread, box = self._fp
-        thread.join()
-        if "error" in box:
-            raise box["error"]
-        self.manifest["model"]["fingerprint"] = box["value"]
-        return str(box["value"])
+        box = self._fp
+        assert box is not None and box.thread is not None
+        box.thread.join()
+        if box.error is not None:
+            raise box.error
+        self.manifest["model"]["fingerprint"] = box.value
+        return str(box.value)
 
     def suite(self) -> EvalSuite:
         """The eval suite: --suite, else the recipe's, with the recipe's tightened thresholds."""
@@ -209,7 +217,7 @@ class Pipeline:
         run_stage.announce(name, status)
         if not status.must_run:
             return
-        record = run_stage.build(self.run_dir, name, inputs, execute)
+        record = run_stage.build(self.run_dir, name, inputs, lambda out: execute(out).to_json())
         self.keys[name] = record["key"]
         self.manifest["stages"][name] = record
         write_manifest(self.run_dir, self.manifest)

@@ -7,9 +7,8 @@ recipe's thresholds. Writes eval.json/eval.md and gate.json/gate.md into `out`.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from quantize.errors import EvalError
 from quantize.model.config import config_path
@@ -20,6 +19,15 @@ from quantize.spec.recipe import Recipe, load_recipe, suite_for
 from quantize.stages import eval as eval_stage
 from quantize.stages import gate as gate_stage
 from quantize.stages.eval.engine import EngineRequest, choose, requested_engine
+from quantize.stages.results import EvalSummary, GateSummary
+
+
+@dataclass(frozen=True)
+class CheckpointEval:
+    """What eval and the gate found on an export folder (their reports are in `out`)."""
+
+    eval: EvalSummary
+    gate: GateSummary
 
 
 def is_checkpoint(folder: Path) -> bool:
@@ -36,7 +44,7 @@ def _recipe(folder: Path, name: str) -> Recipe:
 
 
 def evaluate(folder: Path, suite_name: str | None, out: Path, device: str,
-             engine: EngineRequest | None = None) -> dict[str, Any]:
+             engine: EngineRequest | None = None) -> CheckpointEval:
     if not is_checkpoint(folder) or not (folder / MANIFEST).is_file():
         raise EvalError(f"{folder} is neither a run folder nor an export of one (no "
                         "config.json + manifest.json); give runs/<model>-<recipe> or its export/")
@@ -58,4 +66,4 @@ def evaluate(folder: Path, suite_name: str | None, out: Path, device: str,
         result = eval_stage.run(folder, model.path, fingerprint, suite, device, versions(), tmp,
                                 choice)
         verdict = gate_stage.run(gate_stage.read_eval(tmp), tmp)
-    return {**result, "gate": verdict}
+    return CheckpointEval(result, verdict)

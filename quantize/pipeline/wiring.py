@@ -14,14 +14,26 @@ from typing import Any, Protocol
 from quantize.model.source import ModelRef
 from quantize.progress import info, step
 from quantize.run.files import sha256_file
+from quantize.run.manifest import ExportManifest
+from quantize.run.stage import Inputs
 from quantize.spec.recipe import EvalSuite, Recipe, canonical_hash
+from quantize.stages.results import (
+    CalibrationSummary,
+    EvalSummary,
+    ExportSummary,
+    GateSummary,
+    QuantizeSummary,
+    Record,
+)
 
-Execute = Callable[[Path], dict[str, Any]]
-Plan = tuple[dict[str, Any], Execute]
+# a stage's summary, typed; the pipeline hands the manifest its JSON (Record.to_json)
+Execute = Callable[[Path], Record]
+Plan = tuple[Inputs, Execute]
 
 
 class Options(Protocol):
     dataset: str | None
+    rerun: tuple[str, ...]
     gpus: int
     eval_engine: Any  # quantize.stages.eval.engine.EngineRequest | None
 
@@ -57,7 +69,7 @@ def calibrate(pipe: Pipeline) -> Plan:
               "source": stage.source_fingerprint(spec, base),
               "tokenizer": [sha256_file(f) for f in tok_files]}
 
-    def execute(out: Path) -> dict[str, Any]:
+    def execute(out: Path) -> CalibrationSummary:
         from transformers import AutoTokenizer
 
         with step(f"calibration set: {spec.num_samples} × {spec.seq_len} tokens from "
@@ -82,7 +94,7 @@ def quantize(pipe: Pipeline) -> Plan:
               "calibration": calib["fingerprint"], "group_size": pipe.facts["group_size"],
               "device": pipe.device, "versions": pipe.manifest["versions"]}
 
-    def execute(out: Path) -> dict[str, Any]:
+    def execute(out: Path) -> QuantizeSummary:
         from quantize.backends.distributed import check_samples, shares
         from quantize.checks.placement import GiB, load_plan
         from quantize.checks.resources import check_memory
@@ -126,12 +138,13 @@ def export(pipe: Pipeline) -> Plan:
     inputs = {"quantize": pipe.keys["quantize"],
               "recipe_text": canonical_hash({"text": pipe.recipe_text})}
 
-    def execute(out: Path) -> dict[str, Any]:
+    def execute(out: Path) -> ExportSummary:
         stages = {k: {f: v[f] for f in ("started", "ended", "duration_s")}
                   for k, v in pipe.manifest["stages"].items() if k in ("calibrate", "quantize")}
-        meta = {k: pipe.manifest[k] for k in ("model", "recipe", "versions", "device")}
-        meta["calibration"] = pipe.manifest["stages"]["calibrate"]["summary"]
-        meta["stages"] = stages
+        meta = ExportManifest.model_validate(
+            {**{k: pipe.manifest[k] for k in ("model", "recipe", "versions", "device")},
+             "calibration": pipe.manifest["stages"]["calibrate"]["summary"],
+             "stages": stages})
         with step(f"writing export to {pipe.run_dir / 'export'}"):
             return stage.run(pipe.run_dir / "quantize", pipe.recipe_text, meta, out)
 
@@ -158,7 +171,7 @@ def eval(pipe: Pipeline) -> Plan:
     if (engine := stage.engine_key(choice)) is not None:  # absent: hf
         inputs["engine"] = engine
 
-    def execute(out: Path) -> dict[str, Any]:
+    def execute(out: Path) -> EvalSummary:
         if not export.is_dir():
             raise EvalError(f"{export} is missing; run the export stage first")
         return stage.run(export, pipe.model.path, pipe.fingerprint(), suite,
@@ -176,7 +189,7 @@ def gate(pipe: Pipeline) -> Plan:
               "rules": [m.model_dump(include={"name", "direction", "threshold", "on_fail"})
                         for m in suite.metrics]}
 
-    def execute(out: Path) -> dict[str, Any]:
+    def execute(out: Path) -> GateSummary:
         ev = stage.read_eval(pipe.run_dir / "eval")
         return stage.run(stage.with_rules(ev, rules), out)
 

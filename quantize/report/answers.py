@@ -22,6 +22,7 @@ from quantize.errors import QuantizeError, VerifyError
 from quantize.model.config import read_config
 from quantize.spec.paths import PROJECT_ROOT
 from quantize.spec.yamlio import parse_model, read_text
+from quantize.stages import vllm_io
 from quantize.vllm import host as vhost
 from quantize.vllm import support
 
@@ -102,18 +103,18 @@ def ask(checkpoint: Path, workdir: Path, host: vhost.Host,
     need = support.serving_dtype(support.checkpoint_format(read_config(checkpoint)),
                                  host.device)
     dtype = need.dtype if need is not None else None
-    req: dict[str, Any] = {"op": "generate", "model": str(checkpoint.resolve()), "prompts": prompts,
-           "max_tokens": MAX_TOKENS, "logprobs": 1, "max_model_len": 512,
-           "enforce_eager": True, "kv_cache_space_gib": 1}
+    req = vllm_io.GenerateRequest(model=str(checkpoint.resolve()), prompts=prompts,
+                                  max_tokens=MAX_TOKENS, logprobs=1, max_model_len=512,
+                                  enforce_eager=True, kv_cache_space_gib=1)
     if dtype is not None:
-        req["dtype"] = dtype
-    res = vhost.run_worker(Path(host.vllm_python), req, workdir, "answers", TIMEOUT_S)
-    if not res.get("ok"):
-        raise QuantizeError(f"vLLM could not answer with {checkpoint}: {res.get('error')}")
+        req.dtype = dtype
+    res = vllm_io.generate(Path(host.vllm_python), req, workdir, "answers", TIMEOUT_S)
+    if not res.ok:
+        raise QuantizeError(f"vLLM could not answer with {checkpoint}: {res.error}")
     eos = getattr(tok, "eos_token_id", None)
     answers = []
-    for q, out in zip(qs.questions, res["outputs"], strict=True):
-        ids = out["token_ids"]
+    for q, out in zip(qs.questions, res.outputs, strict=True):
+        ids = out.token_ids
         if eos in ids:  # the worker decodes past EOS (ignore_eos); a client stops there
             ids = ids[:ids.index(eos)]
         text = tok.decode(ids, skip_special_tokens=True).strip()

@@ -3,20 +3,59 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
 
 from quantize.errors import ExportError, QuantizeError
 from quantize.run.files import atomic_write_text
 from quantize.run.manifest import RunFolder
+from quantize.stages.results import (
+    EvalMetrics,
+    ExportSummary,
+    GateSummary,
+    MetricRow,
+    QuantizeSummary,
+)
+
+if TYPE_CHECKING:
+    from quantize.report.answers import AnswerSheet
 
 
-def _load(run_dir: Path) -> dict[str, Any]:
+@dataclass
+class Row:
+    """One run in the comparison."""
+
+    run: str
+    recipe: str
+    weights_bytes: int
+    baseline_bytes: int
+    quantize_s: float
+    engine: str
+    peak_rss_gib: float | None
+    eval_s: float
+    ppl: float | None
+    ppl_baseline: float | None
+    ppl_recovery: float | None
+    acc_recovery: float | None
+    metrics: dict[str, MetricRow]
+    verdict: str
+    export_key: str
+    model_path: str
+    model_fingerprint: str | None
+    answers: AnswerSheet | None = None  # --questions: the export's answers through vLLM
+    baseline_answers: AnswerSheet | None = None  # and the 16-bit model's (first row only)
+
+
+def _load(run_dir: Path) -> Row:
     folder = RunFolder(run_dir)
+    ev = EvalMetrics(metrics=[])
     try:
         manifest = folder.read() if folder.is_run() else None
-        ev = json.loads((run_dir / "eval" / "eval.json").read_text())
-    except (OSError, json.JSONDecodeError, ExportError):
+        ev = EvalMetrics.model_validate(json.loads((run_dir / "eval" / "eval.json").read_text()))
+    except (OSError, json.JSONDecodeError, ExportError, ValidationError):
         manifest = None
     quantize, export, evaluated = (manifest.stage(s) if manifest else None
                                    for s in ("quantize", "export", "eval"))
@@ -25,67 +64,68 @@ def _load(run_dir: Path) -> dict[str, Any]:
         raise QuantizeError(f"{run_dir}: needs manifest.json and eval/eval.json; run "
                             f"`quantize eval {run_dir}` first") from None
     gate_path = run_dir / "gate" / "gate.json"
-    gate = json.loads(gate_path.read_text()) if gate_path.is_file() else {}
-    metrics = {m["name"]: m for m in ev["metrics"]}
-    acc = [m["recovery"] for m in ev["metrics"] if m["kind"] == "multiple_choice"]
-    ppl = [m for m in ev["metrics"] if m["kind"] == "perplexity"]
+    verdict = GateSummary.model_validate_json(gate_path.read_text()).verdict \
+        if gate_path.is_file() else "not gated"
+    metrics = {m.name: m for m in ev.metrics}
+    acc = [m.recovery for m in ev.metrics if m.kind == "multiple_choice"]
+    ppl = [m for m in ev.metrics if m.kind == "perplexity"]
     base_bytes = sum(p.stat().st_size for p in Path(manifest.model.path).glob("*.safetensors"))
-    return {
-        "run": run_dir.name, "recipe": manifest.recipe.name,
-        "weights_bytes": export.summary["weights_bytes"],
-        "baseline_bytes": base_bytes,
-        "quantize_s": quantize.duration_s,
-        "engine": quantize.summary.get("engine", "?"),
-        "peak_rss_gib": quantize.summary.get("peak_rss_gib"),
-        "eval_s": evaluated.duration_s,
-        "ppl": ppl[0]["candidate"] if ppl else None,
-        "ppl_baseline": ppl[0]["baseline"] if ppl else None,
-        "ppl_recovery": ppl[0]["recovery"] if ppl else None,
-        "acc_recovery": sum(acc) / len(acc) if acc else None,
-        "metrics": metrics, "verdict": gate.get("verdict", "not gated"),
-        "export_key": export.key, "model_path": manifest.model.path,
-        "model_fingerprint": manifest.model.fingerprint, "answers": None,
-    }
+    engine = QuantizeSummary.model_validate(quantize.summary)
+    return Row(
+        run=run_dir.name, recipe=manifest.recipe.name,
+        weights_bytes=ExportSummary.model_validate(export.summary).weights_bytes,
+        baseline_bytes=base_bytes,
+        quantize_s=quantize.duration_s,
+        engine=engine.engine if engine.engine is not None else "?",
+        peak_rss_gib=engine.peak_rss_gib,
+        eval_s=evaluated.duration_s,
+        ppl=ppl[0].candidate if ppl else None,
+        ppl_baseline=ppl[0].baseline if ppl else None,
+        ppl_recovery=ppl[0].recovery if ppl else None,
+        acc_recovery=sum(acc) / len(acc) if acc else None,
+        metrics=metrics, verdict=verdict,
+        export_key=export.key, model_path=manifest.model.path,
+        model_fingerprint=manifest.model.fingerprint)
 
 
 def _fmt(x: float | None, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
-    names = sorted({n for r in rows for n in r["metrics"]})
+def markdown(rows: list[Row]) -> str:
+    names = sorted({n for r in rows for n in r.metrics})
     head = ["run", "recipe", "engine", "size MiB", "vs base", *[f"{n}" for n in names],
             "ppl recovery", "mean acc recovery", "quantize s", "peak RSS GiB", "gate"]
-    asked = any(r["answers"] is not None for r in rows)
+    asked = any(r.answers is not None for r in rows)
     if asked:
         head.insert(-1, "answers (vLLM)")
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
-        cells = [r["run"], r["recipe"], r["engine"], f"{r['weights_bytes'] / 2**20:.1f}",
-                 f"{r['baseline_bytes'] / r['weights_bytes']:.2f}×"]
+        cells = [r.run, r.recipe, r.engine, f"{r.weights_bytes / 2**20:.1f}",
+                 f"{r.baseline_bytes / r.weights_bytes:.2f}×"]
         for n in names:
-            m = r["metrics"].get(n)
-            cells.append("—" if m is None else f"{m['candidate']:.4g} ({m['recovery']:.1%})")
-        cells += [_fmt(r["ppl_recovery"], ".1%"), _fmt(r["acc_recovery"], ".1%"),
-                  f"{r['quantize_s']:.0f}", _fmt(r["peak_rss_gib"], ".2f"), r["verdict"]]
+            m = r.metrics.get(n)
+            cells.append("—" if m is None else f"{m.candidate:.4g} ({m.recovery:.1%})")
+        cells += [_fmt(r.ppl_recovery, ".1%"), _fmt(r.acc_recovery, ".1%"),
+                  f"{r.quantize_s:.0f}", _fmt(r.peak_rss_gib, ".2f"), r.verdict]
         if asked:
-            sheet = r["answers"]
-            cells.insert(-1, "—" if sheet is None else f"{sheet.right}/{sheet.total}")
+            answered = r.answers
+            cells.insert(-1, "—" if answered is None else f"{answered.right}/{answered.total}")
         lines.append("| " + " | ".join(cells) + " |")
     base = rows[0]
-    note = (f"\nBaseline: {base['baseline_bytes'] / 2**20:.1f} MiB"
-            + (f", perplexity {base['ppl_baseline']:.4g}" if base["ppl_baseline"] else "")
+    note = (f"\nBaseline: {base.baseline_bytes / 2**20:.1f} MiB"
+            + (f", perplexity {base.ppl_baseline:.4g}" if base.ppl_baseline else "")
             + ". Recovery: perplexity baseline/candidate, accuracy candidate/baseline. "
             "Peak RSS: the run's process up to the end of its quantize stage.\n")
-    if asked and base.get("baseline_answers") is not None:
-        sheet = base["baseline_answers"]
+    if asked and base.baseline_answers is not None:
+        sheet = base.baseline_answers
         note += ("Answers: simple factual questions (eval/questions/factual.yaml) asked "
                  f"through vLLM, greedy; the 16-bit model answers {sheet.right}/{sheet.total} "
                  "right.\n")
     return "\n".join(lines) + "\n" + note
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[Row], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,16 +133,17 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     base = rows[0]
-    ax.scatter([base["baseline_bytes"] / 2**20], [1.0], marker="*", s=200, c="black",
+    ax.scatter([base.baseline_bytes / 2**20], [1.0], marker="*", s=200, c="black",
                label="baseline (16-bit)")
     for r in rows:
-        y = r["ppl_recovery"] if r["ppl_recovery"] is not None else r["acc_recovery"]
-        color = "tab:green" if r["verdict"] == "pass" else "tab:red"
-        ax.scatter([r["weights_bytes"] / 2**20], [y], s=80, c=color)
-        label = r["recipe"] + (f"\nppl {r['ppl']:.3g}" if r["ppl"] else "")
-        if r["acc_recovery"] is not None:
-            label += f", acc {r['acc_recovery']:.0%}"
-        ax.annotate(label, (r["weights_bytes"] / 2**20, y), textcoords="offset points",
+        y = r.ppl_recovery if r.ppl_recovery is not None else r.acc_recovery
+        color = "tab:green" if r.verdict == "pass" else "tab:red"
+        ax.scatter([r.weights_bytes / 2**20], [float("nan") if y is None else y], s=80,
+                   c=color)
+        label = r.recipe + (f"\nppl {r.ppl:.3g}" if r.ppl else "")
+        if r.acc_recovery is not None:
+            label += f", acc {r.acc_recovery:.0%}"
+        ax.annotate(label, (r.weights_bytes / 2**20, y), textcoords="offset points",
                     xytext=(6, 4), fontsize=8)
     ax.set_xlabel("weights on disk (MiB)")
     ax.set_ylabel("perplexity recovery (baseline / candidate)")
@@ -114,7 +155,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _ask_all(rows: list[dict[str, Any]], run_dirs: list[Path], out: Path) -> None:
+def _ask_all(rows: list[Row], run_dirs: list[Path], out: Path) -> None:
     """The real-client check of every export and of the 16-bit model(s) they came from,
     cached in OUT/answers/ by export key (and model fingerprint for the 16-bit model)."""
     from quantize.report.answers import AnswerSheet, ask
@@ -133,13 +174,13 @@ def _ask_all(rows: list[dict[str, Any]], run_dirs: list[Path], out: Path) -> Non
         return sheet
 
     for row, d in zip(rows, run_dirs, strict=True):
-        row["answers"] = cached(f"export-{row['export_key'][:16]}", d / "export")
+        row.answers = cached(f"export-{row.export_key[:16]}", d / "export")
     base = rows[0]
-    base["baseline_answers"] = cached(f"model-{base['model_fingerprint'][:16]}",
-                                      Path(base["model_path"]))
+    base.baseline_answers = cached(f"model-{(base.model_fingerprint or '')[:16]}",
+                                   Path(base.model_path))
 
 
-def compare(run_dirs: list[Path], out: Path, questions: bool = False) -> list[dict[str, Any]]:
+def compare(run_dirs: list[Path], out: Path, questions: bool = False) -> list[Row]:
     if not run_dirs:
         raise QuantizeError("give at least one run folder")
     rows = [_load(d) for d in run_dirs]

@@ -17,6 +17,7 @@ from quantize.errors import CalibrationError, QuantizeError, first_line
 from quantize.run.files import atomic_write_json, sha256_file
 from quantize.spec.paths import DATA_DIR, contained
 from quantize.spec.recipe import CalibrationSpec, Recipe, load_calibration, resolve
+from quantize.stages.results import CalibrationSummary
 
 if TYPE_CHECKING:
     import torch
@@ -41,18 +42,23 @@ def resolve_spec(recipe: Recipe, dataset: str | None) -> tuple[CalibrationSpec, 
     base, _ = (
         (recipe.calibration, Path.cwd()) if isinstance(recipe.calibration, CalibrationSpec)
         else load_calibration(recipe.calibration))
-    keep: dict[str, Any] = base.model_dump(
-        include={"num_samples", "seq_len", "seed", "chat_template", "packing"})
     if dataset.startswith("hf:"):
-        return CalibrationSpec(name="cli", hub=dataset[3:], **keep), Path.cwd()
+        return _cli_spec(base, hub=dataset[3:]), Path.cwd()
     p = Path(dataset)
     if p.suffix in (".yaml", ".yml") or (not p.exists() and "/" not in dataset):
         return load_calibration(str(resolve("calibration", dataset)))
     if not p.exists():
         raise CalibrationError(f"dataset {dataset!r}: no such file or folder; give a "
                                ".txt/.jsonl/.parquet file or folder, a spec name, or hf:<id>")
-    return CalibrationSpec(name="cli", path=str(p.resolve()), allow_external_path=True,
-                           **keep), Path.cwd()
+    return _cli_spec(base, path=str(p.resolve())), Path.cwd()
+
+
+def _cli_spec(base: CalibrationSpec, *, hub: str | None = None, path: str | None = None
+              ) -> CalibrationSpec:
+    """--dataset's data with the recipe's sample count, length, seed, template and packing."""
+    return CalibrationSpec(name="cli", hub=hub, path=path, allow_external_path=path is not None,
+                           num_samples=base.num_samples, seq_len=base.seq_len, seed=base.seed,
+                           chat_template=base.chat_template, packing=base.packing)
 
 
 def _data_path(spec: CalibrationSpec, base_dir: Path) -> Path:
@@ -222,20 +228,21 @@ def from_tensors(tensors: dict[str, torch.Tensor]) -> list[list[int]]:
     return [ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
 
 
-def run(spec: CalibrationSpec, base_dir: Path, tokenizer: Any, out: Path) -> dict[str, Any]:
+def run(spec: CalibrationSpec, base_dir: Path, tokenizer: Any, out: Path
+        ) -> CalibrationSummary:
     """Build the calibration set into `out`; return the summary the manifest records."""
     from safetensors.torch import save_file
 
     samples = tokenize(spec, read_texts(spec, base_dir), tokenizer)
     save_file(to_tensors(samples), str(out / "calibration.safetensors"))
-    summary = {
-        "fingerprint": fingerprint(samples),
-        "num_samples": len(samples),
-        "seq_len": spec.seq_len,
-        "tokens": sum(len(s) for s in samples),
-        "spec": spec.model_dump(mode="json"),
-    }
-    atomic_write_json(out / "calibration.json", summary)
+    summary = CalibrationSummary(
+        fingerprint=fingerprint(samples),
+        num_samples=len(samples),
+        seq_len=spec.seq_len,
+        tokens=sum(len(s) for s in samples),
+        spec=spec,
+    )
+    atomic_write_json(out / "calibration.json", summary.to_json())
     return summary
 
 

@@ -14,7 +14,6 @@ quantizes again instead of reusing it. An edited config.json only rebuilds the e
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from quantize.errors import ExportError
 from quantize.model.config import CONFIG, ModelConfig, read_config
@@ -27,6 +26,8 @@ from quantize.run.files import (
     link_or_copy,
     pause_point,
 )
+from quantize.run.manifest import ExportManifest
+from quantize.stages.results import ExportSummary
 
 NAME = "export"
 REQUIRED = (CONFIG, "tokenizer_config.json")
@@ -48,8 +49,11 @@ def check_checkpoint(folder: Path) -> ModelConfig:
     return config
 
 
-def run(quantized: Path, recipe_text: str, manifest: dict[str, Any], out: Path) -> dict[str, Any]:
-    config = check_checkpoint(quantized)
+def run(quantized: Path, recipe_text: str, manifest: ExportManifest, out: Path
+        ) -> ExportSummary:
+    """The export folder; `manifest`: its manifest.json without `files` (added here)."""
+    qc = read_quant_config(check_checkpoint(quantized), error=ExportError)
+    assert qc is not None  # check_checkpoint refused a checkpoint without one
     sources = [f for f in sorted(quantized.iterdir()) if f.is_file()]
     for i, f in enumerate(sources):
         if i == len(sources) // 2:
@@ -60,8 +64,7 @@ def run(quantized: Path, recipe_text: str, manifest: dict[str, Any], out: Path) 
             copy_hashed(f, out / f.name)
     atomic_write_text(out / "recipe.yaml", recipe_text)
     files = hash_tree(out)
-    atomic_write_json(out / "manifest.json", {**manifest, "files": files})
+    manifest = manifest.model_copy(update={"files": files})
+    atomic_write_json(out / "manifest.json", manifest.model_dump(mode="json", exclude_unset=True))
     weights = sum(p.stat().st_size for p in out.glob("*.safetensors"))
-    qc = read_quant_config(config, error=ExportError)
-    assert qc is not None  # check_checkpoint refused a checkpoint without one
-    return {"weights_bytes": weights, "quant_method": qc.method, "format": qc.format}
+    return ExportSummary(weights_bytes=weights, quant_method=qc.method, format=qc.format)

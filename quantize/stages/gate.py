@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 from quantize.run.files import atomic_write_json, atomic_write_text
+from quantize.spec.recipe import MetricSpec
+from quantize.stages.results import EvalMetrics, GateResult, GateSummary, MetricRow
 
 NAME = "gate"
 Z = 1.96
@@ -41,78 +42,77 @@ def paired_se(base: list[float], cand: list[float]) -> float | None:
     return math.sqrt(var / len(d))
 
 
-def margin(row: dict[str, Any]) -> tuple[float, float | None]:
+def margin(row: MetricRow) -> tuple[float, float | None]:
     """(how far the candidate is above the threshold, the noise on that) in the metric's
     natural paired unit: log-perplexity for perplexity, accuracy points for accuracy."""
-    b, c, t = row["baseline"], row["candidate"], row["threshold"]
-    se = row.get("diff_se")
-    if row["direction"] == "lower_is_better":
+    b, c, t = row.baseline, row.candidate, row.threshold
+    se = row.diff_se
+    if row.direction == "lower_is_better":
         # pass iff log c <= log b - log t
         return (math.log(b) - math.log(t)) - math.log(c), se
     return c - t * b, se
 
 
-def judge(row: dict[str, Any]) -> dict[str, Any]:
+def judge(row: MetricRow) -> MetricRow:
     """Add recovery, verdict and a noise note to one metric row."""
-    row = dict(row)
-    row["recovery"] = recovery(row["baseline"], row["candidate"], row["direction"])
+    row = MetricRow.model_validate(row).model_copy()  # a row read as JSON, too
+    row.recovery = recovery(row.baseline, row.candidate, row.direction)
     m, se = margin(row)
-    passed = row["recovery"] >= row["threshold"]
+    passed = row.recovery >= row.threshold
     note = ""
     if se is not None and se > 0 and abs(m) < Z * se:
         note = ("shortfall within noise (±{:.3g}); raise the example count to decide"
                 if not passed else "pass within noise (±{:.3g})").format(Z * se)
-    row["verdict"] = "pass" if passed else ("fail" if row["on_fail"] == "block" else "warn")
-    row["note"] = note
+    row.verdict = "pass" if passed else ("fail" if row.on_fail == "block" else "warn")
+    row.note = note
     return row
 
 
-def decide(metrics: list[dict[str, Any]]) -> dict[str, Any]:
+def decide(metrics: list[MetricRow]) -> GateResult:
     rows = [judge(m) for m in metrics]
-    failures = [r["name"] for r in rows if r["verdict"] == "fail"]
-    warnings = [r["name"] for r in rows if r["verdict"] == "warn"]
+    failures = [r.name for r in rows if r.verdict == "fail"]
+    warnings = [r.name for r in rows if r.verdict == "warn"]
     verdict = "fail" if failures else "pass"
-    return {"verdict": verdict, "releasable": not failures, "failures": failures,
-            "warnings": warnings, "rows": rows}
+    return GateResult(verdict=verdict, releasable=not failures, failures=failures,
+                      warnings=warnings, rows=rows)
 
 
-def markdown(result: dict[str, Any]) -> str:
-    lines = [f"# Gate: {result['verdict'].upper()}", "",
+def markdown(result: GateResult) -> str:
+    lines = [f"# Gate: {result.verdict.upper()}", "",
              "| metric | direction | baseline | candidate | recovery | threshold | verdict "
              "| note |",
              "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
-    for r in result["rows"]:
+    for r in result.rows:
         lines.append(
-            f"| {r['name']} | {r['direction'].replace('_', ' ')} | {r['baseline']:.4g} | "
-            f"{r['candidate']:.4g} | {r['recovery']:.2%} | {r['threshold']:.2%} | "
-            f"{r['verdict']} | {r['note']} |")
-    if result["failures"]:
-        lines += ["", f"Blocking failures: {', '.join(result['failures'])}. Not releasable."]
+            f"| {r.name} | {r.direction.replace('_', ' ')} | {r.baseline:.4g} | "
+            f"{r.candidate:.4g} | {r.recovery:.2%} | {r.threshold:.2%} | "
+            f"{r.verdict} | {r.note} |")
+    if result.failures:
+        lines += ["", f"Blocking failures: {', '.join(result.failures)}. Not releasable."]
     return "\n".join(lines) + "\n"
 
 
-def run(eval_result: dict[str, Any], out: Path) -> dict[str, Any]:
-    result = decide(eval_result["metrics"])
-    atomic_write_json(out / "gate.json", result)
+def run(eval_result: EvalMetrics, out: Path) -> GateSummary:
+    result = decide(eval_result.metrics)
+    atomic_write_json(out / "gate.json", result.to_json())
     atomic_write_text(out / "gate.md", markdown(result))
-    return {"verdict": result["verdict"], "failures": result["failures"],
-            "warnings": result["warnings"]}
+    return result.summary()
 
 
-def read_eval(eval_dir: Path) -> dict[str, Any]:
-    """The eval stage's result (eval.json)."""
+def read_eval(eval_dir: Path) -> EvalMetrics:
+    """The eval stage's result (eval.json), as the gate reads it: its metric rows."""
     import json
 
-    result: dict[str, Any] = json.loads((eval_dir / "eval.json").read_text())
-    return result
+    return EvalMetrics.model_validate(json.loads((eval_dir / "eval.json").read_text()))
 
 
-def with_rules(ev: dict[str, Any], rules: dict[str, Any]) -> dict[str, Any]:
+def with_rules(ev: EvalMetrics, rules: dict[str, MetricSpec]) -> EvalMetrics:
     """The eval result with today's thresholds and on_fail rules (they may have changed since
     eval ran: the gate re-judges without re-measuring)."""
-    for row in ev["metrics"]:
-        if row["name"] not in rules:  # a structural row with its own rule (expert_coverage)
+    ev = EvalMetrics.model_validate(ev)  # an eval.json read as JSON, too
+    for row in ev.metrics:
+        if row.name not in rules:  # a structural row with its own rule (expert_coverage)
             continue
-        row["threshold"] = rules[row["name"]].threshold
-        row["on_fail"] = rules[row["name"]].on_fail
+        row.threshold = rules[row.name].threshold
+        row.on_fail = rules[row.name].on_fail
     return ev

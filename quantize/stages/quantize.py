@@ -7,24 +7,24 @@ import functools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from quantize.backends import QuantizeJob, get_backend
 from quantize.progress import step
 from quantize.spec.methods import METHODS
+from quantize.stages.results import QuantizeSummary
 
 NAME = "quantize"
 
 
-def run(job: QuantizeJob, out: Path) -> dict[str, Any]:
+def run(job: QuantizeJob, out: Path) -> QuantizeSummary:
     backend = get_backend(job.recipe.backend)
     what = f"{METHODS[job.recipe.method].label} {job.recipe.scheme}"
     if job.group_size:
         what += f" g{job.group_size}"
     with step(f"quantizing with {backend.name}: {what}, {len(job.samples)} calibration samples"
               f" on {job.device}"), _log_write_errors_raise():
-        summary = backend.quantize(job, out)
-    summary["peak_rss_gib"] = peak_rss_gib()  # `quantize compare` shows it per engine
+        summary = QuantizeSummary.model_validate(backend.quantize(job, out))
+    summary.peak_rss_gib = peak_rss_gib()  # `quantize compare` shows it per engine
     return summary
 
 

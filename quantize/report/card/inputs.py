@@ -165,8 +165,9 @@ class MetricRow:
     def note(self) -> str:
         if self.row.get("kind") == "expert_coverage" and self.row.get("details"):
             from quantize.metrics import expert_coverage_lines  # the eval report's words
+            from quantize.stages.results import MetricRow as Row
 
-            return " ".join(expert_coverage_lines(self.row))
+            return " ".join(expert_coverage_lines(Row.model_validate(self.row)))
         return str(self.row.get("note") or "")
 
 

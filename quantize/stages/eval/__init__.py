@@ -9,11 +9,10 @@ log-probabilities over the same windows and lm-eval requests)."""
 from __future__ import annotations
 
 import gc
-import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quantize.errors import EvalError, first_line
 from quantize.metrics import expert_coverage, expert_coverage_lines
@@ -25,13 +24,35 @@ from quantize.progress import info, step
 from quantize.run.files import atomic_write_json, atomic_write_text, pause_point
 from quantize.run.lock import entry_lock
 from quantize.spec.recipe import EvalSuite, MetricSpec, canonical_hash
-from quantize.stages.eval.engine import EngineChoice
+from quantize.stages.eval.engine import EngineChoice, EngineKey
+from quantize.stages.results import (
+    BaselineRef,
+    CandidateRef,
+    CoverageBrief,
+    EngineBrief,
+    EngineInfo,
+    EvalResult,
+    EvalSummary,
+    MetricBrief,
+    MetricRow,
+    Score,
+    Scores,
+    Throughput,
+    Timing,
+    VllmLoads,
+)
 
 NAME = "eval"
-_PER_ITEM = ("per_window_nll", "per_example")
 
 
-def measured_settings(suite: EvalSuite) -> dict[str, Any]:
+class MeasuredSettings(TypedDict):
+    """The suite's part of the eval stage key and of the baseline cache key (hashed as is)."""
+
+    batch_size: int
+    metrics: list[dict[str, Any]]  # each MetricSpec's own JSON (quantize.spec.recipe)
+
+
+def measured_settings(suite: EvalSuite) -> MeasuredSettings:
     """What changes the numbers (not the thresholds, which only the gate uses; not the
     suite's engine field, which the engine choice replaces). A field added later is left out
     while unset, so existing keys stay valid."""
@@ -40,7 +61,7 @@ def measured_settings(suite: EvalSuite) -> dict[str, Any]:
                 {"score_from"} if m.score_from is None else set())) for m in suite.metrics]}
 
 
-def engine_key(choice: EngineChoice | None) -> dict[str, Any] | None:
+def engine_key(choice: EngineChoice | None) -> EngineKey | None:
     """The engine's part of the eval stage key and the baseline cache key: None for hf (the
     keys of runs made before engines existed stay valid), the vLLM settings otherwise."""
     return None if choice is None or choice.name == "hf" else choice.key()
@@ -91,11 +112,11 @@ def dense_native(path: Path, config: ModelConfig, device: str) -> Any:
     return model
 
 
-def evaluate(path: Path, suite: EvalSuite, device: str, label: str) -> dict[str, Any]:
+def evaluate(path: Path, suite: EvalSuite, device: str, label: str) -> Scores:
     """Every metric of the suite on the model at `path`."""
     from quantize import metrics
 
-    results: dict[str, Any] = {}
+    results = Scores()
     with step(f"loading {label} for evaluation"):
         model, tok = load_model(path, device)
     try:
@@ -103,13 +124,12 @@ def evaluate(path: Path, suite: EvalSuite, device: str, label: str) -> dict[str,
             for spec in suite.metrics:
                 with step(f"{label}: {spec.name}"):
                     if spec.kind != "multiple_choice":
-                        results[spec.name] = metrics.perplexity(model, tok, spec,
-                                                                suite.batch_size)
+                        r = metrics.perplexity(model, tok, spec, suite.batch_size)
                     else:
-                        results[spec.name] = metrics.multiple_choice(
-                            model, tok, spec, suite.batch_size, Path(work))
-                r = results[spec.name]
-                info(f"    {spec.name} = {r['value']:.4g} (n={r['n']}, {r['seconds']}s)")
+                        r = metrics.multiple_choice(model, tok, spec, suite.batch_size,
+                                                    Path(work))
+                results.metrics[spec.name] = r
+                info(f"    {spec.name} = {r.value:.4g} (n={r.n}, {r.seconds}s)")
     finally:
         del model
         gc.collect()
@@ -117,7 +137,7 @@ def evaluate(path: Path, suite: EvalSuite, device: str, label: str) -> dict[str,
 
 
 def score(path: Path, suite: EvalSuite, device: str, label: str, engine: Engine
-          ) -> dict[str, Any]:
+          ) -> Scores:
     """The suite on one model, by the chosen engine."""
     if engine.choice.name == "hf":
         return evaluate(path, suite, device, label)
@@ -129,12 +149,12 @@ def score(path: Path, suite: EvalSuite, device: str, label: str, engine: Engine
 
 
 def baseline(model_path: Path, fingerprint: str, suite: EvalSuite, device: str,
-             versions: dict[str, str], engine: Engine) -> tuple[dict[str, Any], bool]:
+             versions: dict[str, str], engine: Engine) -> tuple[Scores, bool]:
     """The baseline's results, from the cache when the same model/suite/settings ran before."""
     from quantize.model.source import cache_root
 
-    parts = {"model": fingerprint, "settings": measured_settings(suite),
-             "device": device, "versions": versions}
+    parts = {"model": fingerprint, "settings": measured_settings(suite), "device": device,
+             "versions": versions}
     if (ek := engine_key(engine.choice)) is not None:
         parts["engine"] = {**ek, "dtype": engine.dtype}
     key = canonical_hash(parts)
@@ -143,81 +163,82 @@ def baseline(model_path: Path, fingerprint: str, suite: EvalSuite, device: str,
     with entry_lock(path.parent / f".{path.name}.lock", what=f"measuring the baseline {key[:16]}"):
         if path.is_file():
             info(f"[dim]baseline scores from cache {path.name[:16]}[/dim]")
-            cached: dict[str, Any] = json.loads(path.read_text())
-            return cached, True
+            return Scores.read(path), True
         results = score(model_path, suite, device, "baseline", engine)
-        atomic_write_json(path, results)
+        atomic_write_json(path, results.to_json())
     return results, False
 
 
-def _diff_se(spec: MetricSpec, base: dict[str, Any], cand: dict[str, Any]) -> float | None:
+def _diff_se(spec: MetricSpec, base: Score, cand: Score) -> float | None:
     from quantize.stages.gate import paired_se
 
-    key = "per_example" if spec.kind == "multiple_choice" else "per_window_nll"
-    if key not in base or key not in cand:
+    if spec.kind == "multiple_choice":
+        b, c = base.per_example, cand.per_example
+    else:
+        b, c = base.per_window_nll, cand.per_window_nll
+    if b is None or c is None:
         return None
-    return paired_se(base[key], cand[key])
+    return paired_se(b, c)
 
 
-def compare(suite: EvalSuite, base: dict[str, Any], cand: dict[str, Any]) -> list[dict[str, Any]]:
+def compare(suite: EvalSuite, base: Scores, cand: Scores) -> list[MetricRow]:
     from quantize.stages.gate import recovery
 
     rows = []
     for spec in suite.metrics:
-        b, c = base[spec.name], cand[spec.name]
-        rows.append({
-            "name": spec.name, "kind": spec.kind, "direction": spec.direction,
-            "baseline": b["value"], "candidate": c["value"],
-            "baseline_stderr": b.get("stderr"), "candidate_stderr": c.get("stderr"),
-            "diff_se": _diff_se(spec, b, c),
-            "recovery": recovery(b["value"], c["value"], spec.direction),
-            "threshold": spec.threshold, "on_fail": spec.on_fail, "n": c["n"],
-            "settings": c["settings"],
-        })
+        b, c = base.metrics[spec.name], cand.metrics[spec.name]
+        rows.append(MetricRow(
+            name=spec.name, kind=spec.kind, direction=spec.direction,
+            baseline=b.value, candidate=c.value,
+            baseline_stderr=b.stderr, candidate_stderr=c.stderr,
+            diff_se=_diff_se(spec, b, c),
+            recovery=recovery(b.value, c.value, spec.direction),
+            threshold=spec.threshold, on_fail=spec.on_fail, n=c.n,
+            settings=c.settings,
+        ))
     return rows
 
 
-def markdown(result: dict[str, Any]) -> str:
-    lines = [f"# Eval: suite `{result['suite']}`", "",
-             f"Candidate `{result['candidate']['path']}` vs baseline "
-             f"`{result['baseline']['path']}` on {result['device']}, scored by "
-             f"{_engine_line(result.get('engine'))}.", "",
+def markdown(result: EvalResult) -> str:
+    lines = [f"# Eval: suite `{result.suite}`", "",
+             f"Candidate `{result.candidate.path}` vs baseline "
+             f"`{result.baseline.path}` on {result.device}, scored by "
+             f"{_engine_line(result.engine)}.", "",
              "| metric | n | baseline | candidate | recovery | threshold |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for r in result["metrics"]:
-        err = f" ± {r['candidate_stderr']:.3f}" if r.get("candidate_stderr") else ""
-        lines.append(f"| {r['name']} | {r['n']} | {r['baseline']:.4g} | "
-                     f"{r['candidate']:.4g}{err} | {r['recovery']:.2%} | {r['threshold']:.2%} |")
-    for r in result["metrics"]:
-        if r["name"] == "expert_coverage":  # MoE exports (quantize/metrics.py)
+    for r in result.metrics:
+        err = f" ± {r.candidate_stderr:.3f}" if r.candidate_stderr else ""
+        lines.append(f"| {r.name} | {r.n} | {r.baseline:.4g} | "
+                     f"{r.candidate:.4g}{err} | {r.recovery:.2%} | {r.threshold:.2%} |")
+    for r in result.metrics:
+        if r.name == "expert_coverage":  # MoE exports (quantize/metrics.py)
             lines += ["", *expert_coverage_lines(r)]
-    for name, tp in result.get("throughput", {}).items():
-        lines.append(f"\n{name}: {tp['engine']} forward throughput baseline "
-                     f"{tp['baseline_tokens_per_s']} tokens/s, candidate "
-                     f"{tp['candidate_tokens_per_s']} tokens/s.")
-    t = result["timing"]
-    lines += ["", f"Eval time: baseline {t['baseline_s']} s "
-              f"({'cached' if result['baseline']['cached'] else 'measured'}), "
-              f"candidate {t['candidate_s']} s."]
+    for name, tp in result.throughput.items():
+        lines.append(f"\n{name}: {tp.engine} forward throughput baseline "
+                     f"{tp.baseline_tokens_per_s} tokens/s, candidate "
+                     f"{tp.candidate_tokens_per_s} tokens/s.")
+    t = result.timing
+    lines += ["", f"Eval time: baseline {t.baseline_s} s "
+              f"({'cached' if result.baseline.cached else 'measured'}), "
+              f"candidate {t.candidate_s} s."]
     return "\n".join(lines) + "\n"
 
 
-def _moe_rows(export: Path) -> list[dict[str, Any]]:
+def _moe_rows(export: Path) -> list[MetricRow]:
     row = expert_coverage(export)
     return [row] if row is not None else []
 
 
-def _engine_line(engine: dict[str, Any] | None) -> str:
-    if not engine or engine["name"] == "hf":
-        return "transformers" + (f" ({engine['reason']})" if engine else "")
-    kv = engine["kv_cache_dtype"]
-    return (f"vLLM {engine.get('vllm_version') or ''} (tp {engine['tp']}, candidate KV cache "
-            f"{kv}; {engine['reason']})")
+def _engine_line(engine: EngineInfo | None) -> str:
+    if engine is None or engine.name == "hf":
+        return "transformers" + (f" ({engine.reason})" if engine else "")
+    return (f"vLLM {engine.vllm_version or ''} (tp {engine.tp}, candidate KV cache "
+            f"{engine.kv_cache_dtype}; {engine.reason})")
 
 
-def _strip(results: dict[str, Any]) -> dict[str, Any]:
+def _strip(results: Scores) -> dict[str, Score]:
     """Per-item lists stay in the baseline cache; eval.json keeps summaries."""
-    return {k: {f: v for f, v in r.items() if f not in _PER_ITEM} for k, r in results.items()}
+    return {k: r.summary() for k, r in results.metrics.items()}
 
 
 class Engine:
@@ -247,7 +268,7 @@ def serving_dtype(candidate: Path, choice: EngineChoice | None) -> str | None:
 
 def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, device: str,
         versions: dict[str, str], out: Path, choice: EngineChoice | None = None
-        ) -> dict[str, Any]:
+        ) -> EvalSummary:
     engine = Engine(choice, out / "logs", serving_dtype(candidate, choice))
     c = engine.choice
     info(f"eval engine: {c.name} ({c.reason})")
@@ -257,38 +278,44 @@ def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, de
     t1 = time.perf_counter()
     cand = score(candidate, suite, device, "candidate", engine)
     t2 = time.perf_counter()
-    engine_info = {**c.to_dict(), "serve_dtype": engine.dtype,
-                   "vllm": {"baseline": base.pop("_vllm", None),
-                            "candidate": cand.pop("_vllm", None)} if c.name == "vllm" else None}
-    engine_info.pop("vllm_python")
-    result: dict[str, Any] = {
-        "suite": suite.name, "suite_sha256": canonical_hash(suite), "device": device,
-        "engine": engine_info, "throughput": throughput(suite, base, cand, c.name),
-        "baseline": {"path": str(base_path), "fingerprint": fingerprint, "cached": cached,
-                     "results": _strip(base)},
-        "candidate": {"path": str(candidate), "results": _strip(cand)},
-        "metrics": compare(suite, base, cand) + _moe_rows(candidate),
-        "timing": {"baseline_s": round(t1 - t0, 1), "candidate_s": round(t2 - t1, 1)},
-    }
-    atomic_write_json(out / "eval.json", result)
+    engine_info = EngineInfo(
+        name=c.name, requested=c.requested, reason=c.reason, tp=c.tp,
+        kv_cache_dtype=c.kv_cache_dtype, vllm_version=c.vllm_version, device=c.device,
+        serve_dtype=engine.dtype,
+        vllm=VllmLoads(baseline=base.vllm, candidate=cand.vllm) if c.name == "vllm" else None)
+    result = EvalResult(
+        suite=suite.name, suite_sha256=canonical_hash(suite), device=device,
+        engine=engine_info, throughput=throughput(suite, base, cand, c.name),
+        baseline=BaselineRef(path=str(base_path), fingerprint=fingerprint, cached=cached,
+                             results=_strip(base)),
+        candidate=CandidateRef(path=str(candidate), results=_strip(cand)),
+        metrics=compare(suite, base, cand) + _moe_rows(candidate),
+        timing=Timing(baseline_s=round(t1 - t0, 1), candidate_s=round(t2 - t1, 1)),
+    )
+    atomic_write_json(out / "eval.json", result.to_json())
     atomic_write_text(out / "eval.md", markdown(result))
-    moe = {r["name"]: {k: r["details"][k] for k in ("coverage", "problems",
-                                                    "experts_checked", "all_zero_scales")}
-           for r in result["metrics"] if r["name"] == "expert_coverage"}  # the manifest's copy
-    return {"metrics": {r["name"]: {"baseline": r["baseline"], "candidate": r["candidate"],
-                                    "recovery": r["recovery"]} for r in result["metrics"]},
-            **moe,
-            "engine": {"name": c.name, "requested": c.requested, "reason": c.reason,
-                       "tp": c.tp, "kv_cache_dtype": c.kv_cache_dtype}}
+    moe = next((CoverageBrief(coverage=r.details.coverage, problems=r.details.problems,
+                              experts_checked=r.details.experts_checked,
+                              all_zero_scales=r.details.all_zero_scales)
+                for r in result.metrics
+                if r.name == "expert_coverage" and r.details is not None), None)
+    summary = EvalSummary(
+        metrics={r.name: MetricBrief(baseline=r.baseline, candidate=r.candidate,
+                                     recovery=r.recovery) for r in result.metrics},
+        engine=EngineBrief(name=c.name, requested=c.requested, reason=c.reason, tp=c.tp,
+                           kv_cache_dtype=c.kv_cache_dtype))
+    if moe is not None:  # the manifest's copy
+        summary.expert_coverage = moe
+    return summary
 
 
-def throughput(suite: EvalSuite, base: dict[str, Any], cand: dict[str, Any], engine: str
-               ) -> dict[str, Any]:
+def throughput(suite: EvalSuite, base: Scores, cand: Scores, engine: str
+               ) -> dict[str, Throughput]:
     """Tokens/s of the engine on each perplexity metric's windows (forward passes only)."""
     out = {}
     for spec in suite.metrics:
         if spec.kind != "multiple_choice":
-            out[spec.name] = {"engine": engine,
-                              "baseline_tokens_per_s": base[spec.name].get("tokens_per_s"),
-                              "candidate_tokens_per_s": cand[spec.name].get("tokens_per_s")}
+            out[spec.name] = Throughput(
+                engine=engine, baseline_tokens_per_s=base.metrics[spec.name].tokens_per_s,
+                candidate_tokens_per_s=cand.metrics[spec.name].tokens_per_s)
     return out

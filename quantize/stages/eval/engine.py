@@ -19,9 +19,9 @@ here in one line.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quantize.errors import EvalError
 from quantize.model.config import read_config, weight_bytes
@@ -51,6 +51,16 @@ class EngineRequest:
                             "transformers evaluates on one device with a dense KV cache")
 
 
+class EngineKey(TypedDict):
+    """The engine's part of the eval stage key and the baseline cache key (hashed as is)."""
+
+    engine: str
+    tp: int
+    kv_cache_dtype: str
+    vllm_version: str | None
+    vllm_device: str
+
+
 @dataclass(frozen=True)
 class EngineChoice:
     """The engine an eval runs with, why, and the vLLM settings (recorded in the manifest and
@@ -65,13 +75,10 @@ class EngineChoice:
     vllm_version: str | None = None
     device: str = "cpu"  # where vLLM runs: cpu | cuda
 
-    def key(self) -> dict[str, Any]:
+    def key(self) -> EngineKey:
         """What changes the numbers (not the reason, not where the python lives)."""
-        return {"engine": self.name, "tp": self.tp, "kv_cache_dtype": self.kv_cache_dtype,
-                "vllm_version": self.vllm_version, "vllm_device": self.device}
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return EngineKey(engine=self.name, tp=self.tp, kv_cache_dtype=self.kv_cache_dtype,
+                         vllm_version=self.vllm_version, vllm_device=self.device)
 
 
 def requested_engine(cli: str | None, recipe: str | None, suite: str | None) -> str:

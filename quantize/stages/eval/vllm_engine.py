@@ -23,12 +23,15 @@ from quantize.errors import EvalError
 from quantize.progress import info, step
 from quantize.spec.recipe import EvalSuite, MetricSpec
 from quantize.stages.eval.engine import EngineChoice
+from quantize.stages.results import Score, Scores, VllmLoad
+from quantize.stages.vllm_io import ScoreGroup, ScoreRequest, score
 
 TIMEOUT_S = 3600
 Key = tuple[tuple[int, ...], int]
+Window = tuple[int, int, int]  # begin, end, tokens scored (quantize.metrics.windows)
 
 
-def _windows(tok: Any, spec: MetricSpec) -> tuple[list[list[int]], list[int], Any]:
+def _windows(tok: Any, spec: MetricSpec) -> tuple[list[list[int]], list[int], list[Window]]:
     from quantize import metrics
 
     ids, wins = metrics.token_windows(tok, spec)
@@ -50,22 +53,22 @@ def _collect(tok: Any, spec: MetricSpec, max_length: int, work: Path) -> list[Ke
     return list(dict.fromkeys(seen))
 
 
-def request(model: Path, choice: EngineChoice, groups: list[dict[str, Any]],
-            dtype: str | None, kv_cache_dtype: str) -> dict[str, Any]:
+def request(model: Path, choice: EngineChoice, groups: list[ScoreGroup],
+            dtype: str | None, kv_cache_dtype: str) -> ScoreRequest:
     """The worker's score request (one per model)."""
-    longest = max((len(s) for g in groups for s in g["sequences"]), default=16)
-    req: dict[str, Any] = {"op": "score", "model": str(model.resolve()), "groups": groups,
-                           "tp": choice.tp, "kv_cache_dtype": kv_cache_dtype,
-                           "max_model_len": longest, "enforce_eager": True}
+    longest = max((len(s) for g in groups for s in g.sequences), default=16)
+    req = ScoreRequest(model=str(model.resolve()), groups=groups, tp=choice.tp,
+                       kv_cache_dtype=kv_cache_dtype, max_model_len=longest,
+                       enforce_eager=True)
     if dtype:
-        req["dtype"] = dtype
+        req.dtype = dtype
     if choice.device == "cpu":
-        req["kv_cache_space_gib"] = 1
+        req.kv_cache_space_gib = 1
     return req
 
 
 def evaluate(path: Path, suite: EvalSuite, choice: EngineChoice, label: str, workdir: Path,
-             *, dtype: str | None = None, kv_cache_dtype: str = "auto") -> dict[str, Any]:
+             *, dtype: str | None = None, kv_cache_dtype: str = "auto") -> Scores:
     """Every metric of the suite on the model at `path`, scored by vLLM."""
     import tempfile
 
@@ -73,52 +76,53 @@ def evaluate(path: Path, suite: EvalSuite, choice: EngineChoice, label: str, wor
 
     from quantize import metrics
     from quantize.model.config import read_config
-    from quantize.vllm import host as vhost
 
     assert choice.vllm_python is not None
     tok = AutoTokenizer.from_pretrained(path)
     max_length = int(read_config(path, error=EvalError).max_position_embeddings or 2048)
-    groups: list[dict[str, Any]] = []
-    plans: dict[str, Any] = {}
+    groups: list[ScoreGroup] = []
+    asked: dict[str, list[Key]] = {}  # multiple choice: what lm-eval asks
+    windows: dict[str, list[Window]] = {}  # perplexity kinds
     with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
         work = Path(tmp)
         for spec in suite.metrics:
             if spec.kind == "multiple_choice":
                 keys = _collect(tok, spec, max_length, work / "collect")
                 seqs, starts = [list(k[0]) for k in keys], [k[1] for k in keys]
-                plans[spec.name] = keys
+                asked[spec.name] = keys
             else:
                 seqs, starts, wins = _windows(tok, spec)
                 if max(len(s) for s in seqs) > max_length:
                     raise EvalError(f"metric {spec.name}: seq_len {spec.seq_len} exceeds the "
                                     f"model's {max_length} positions; use a shorter seq_len")
-                plans[spec.name] = wins
-            groups.append({"name": spec.name, "sequences": seqs, "score_from": starts})
+                windows[spec.name] = wins
+            groups.append(ScoreGroup(name=spec.name, sequences=seqs, score_from=starts))
         req = request(path, choice, groups, dtype, kv_cache_dtype)
-        with step(f"{label}: scoring {sum(len(g['sequences']) for g in groups)} sequences "
+        with step(f"{label}: scoring {sum(len(g.sequences) for g in groups)} sequences "
                   f"in vLLM (tp {choice.tp}, kv cache {kv_cache_dtype})"):
-            res = vhost.run_worker(Path(choice.vllm_python), req, workdir, label, TIMEOUT_S)
-        if not res.get("ok"):
-            raise EvalError(f"vLLM could not score the {label} ({path}): {res.get('error')} "
-                            f"(log: {res.get('log')}); use --engine hf")
-        results: dict[str, Any] = {}
-        for spec, group in zip(suite.metrics, res["groups"], strict=True):
-            outs = [(o["logprobs"], o["ranks"]) for o in group["outputs"]]
+            res = score(Path(choice.vllm_python), req, workdir, label, TIMEOUT_S)
+        if not res.ok:
+            raise EvalError(f"vLLM could not score the {label} ({path}): {res.error} "
+                            f"(log: {res.log}); use --engine hf")
+        results = Scores()
+        for spec, group in zip(suite.metrics, res.groups, strict=True):
+            outs = [(o.logprobs, o.ranks) for o in group.outputs]
             if spec.kind == "multiple_choice":
-                r = _replay(tok, spec, max_length, plans[spec.name], outs, work / "replay")
+                r = _replay(tok, spec, max_length, asked[spec.name], outs, work / "replay")
             else:
                 nll = [-sum(lps) for lps, _ in outs]
-                r = metrics.perplexity_result(spec, plans[spec.name], nll, group["seconds"])
-            r["seconds"] = group["seconds"]  # vLLM's time on this metric's sequences
-            results[spec.name] = r
-            info(f"    {spec.name} = {r['value']:.4g} (n={r['n']}, vLLM {group['seconds']}s)")
-    results["_vllm"] = {k: res.get(k) for k in ("vllm_version", "quantization", "dtype",
-                                                "kv_cache_dtype", "load_s", "engine_args")}
+                r = metrics.perplexity_result(spec, windows[spec.name], nll, group.seconds)
+            r.seconds = group.seconds  # vLLM's time on this metric's sequences
+            results.metrics[spec.name] = r
+            info(f"    {spec.name} = {r.value:.4g} (n={r.n}, vLLM {group.seconds}s)")
+    results.vllm = VllmLoad(vllm_version=res.vllm_version, quantization=res.quantization,
+                            dtype=res.dtype, kv_cache_dtype=res.kv_cache_dtype,
+                            load_s=res.load_s, engine_args=res.engine_args)
     return results
 
 
 def _replay(tok: Any, spec: MetricSpec, max_length: int, keys: list[Key],
-            outs: list[tuple[list[float], list[int]]], work: Path) -> dict[str, Any]:
+            outs: list[tuple[list[float], list[int]]], work: Path) -> Score:
     from quantize import metrics
 
     table = dict(zip(keys, outs, strict=True))
@@ -131,7 +135,7 @@ def _replay(tok: Any, spec: MetricSpec, max_length: int, keys: list[Key],
                             "for in the first pass (a non-deterministic task?)") from None
 
     t0 = time.perf_counter()
-    r: dict[str, Any] = metrics.multiple_choice(None, tok, spec, 1, work,
-                                                lm=metrics.token_lm(tok, answer, max_length))
-    r["seconds"] = round(time.perf_counter() - t0, 2)
+    r = metrics.multiple_choice(None, tok, spec, 1, work,
+                                lm=metrics.token_lm(tok, answer, max_length))
+    r.seconds = round(time.perf_counter() - t0, 2)
     return r

@@ -9,11 +9,12 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from quantize.model import decode
 from quantize.model.config import ModelConfig
 from quantize.model.qconfig import read_quant_config
+from quantize.stages.verify.result import DecodeMetrics, LevelResult
 from quantize.stages.verify.scoring import load_hf, log_probs
 from quantize.stages.verify.target import source_model
 
@@ -59,7 +60,7 @@ def eval_text_ids(ckpt: Path, n: int = 4, length: int = 64) -> torch.Tensor:
     return torch.tensor(rows)
 
 
-def verify_decode(ckpt: Path, config: ModelConfig, tol: DecodeTolerance) -> dict[str, Any]:
+def verify_decode(ckpt: Path, config: ModelConfig, tol: DecodeTolerance) -> LevelResult:
     """Fallback: compressed-tensors' (or, for native GPTQ/AWQ, GPTQModel's) decode vs ours,
     plus the weights against the source."""
     t0 = time.perf_counter()
@@ -80,31 +81,33 @@ def verify_decode(ckpt: Path, config: ModelConfig, tol: DecodeTolerance) -> dict
     quant = read_quant_config(config)
     bits = (quant.weight_bits if quant else None) or 16
     floor = next((f for b, f in tol.cosine_floor if bits >= b), tol.cosine_floor[-1][1])
-    metrics: dict[str, Any] = {
-        "layers_decoded": len(decoded), "worst_weight_rel_diff": round(worst[1], 7),
-        "worst_weight_layer": worst[0],
-        "mean_abs_dlogprob": round(sum(dl) / max(len(dl), 1), 6),
-        "max_abs_dlogprob": round(max(dl, default=0.0), 6),
-        "source_model": str(src) if src else None,
-        "source_cosine_min": round(cos, 4) if cos is not None else None,
-        "source_cosine_layer": cos_layer, "source_cosine_floor": floor, "weight_bits": bits,
-    }
+    metrics = DecodeMetrics(
+        layers_decoded=len(decoded), worst_weight_rel_diff=round(worst[1], 7),
+        worst_weight_layer=worst[0],
+        mean_abs_dlogprob=round(sum(dl) / max(len(dl), 1), 6),
+        max_abs_dlogprob=round(max(dl, default=0.0), 6),
+        source_model=str(src) if src else None,
+        source_cosine_min=round(cos, 4) if cos is not None else None,
+        source_cosine_layer=cos_layer, source_cosine_floor=floor, weight_bits=bits,
+    )
     failures = []
     if not decoded:
         failures.append("no quantized layer found to decode")
     if not worst[1] <= tol.weight_rel:
         failures.append(f"layer {worst[0]}: the loader's weights differ from the stored "
                         f"integers × scales by {worst[1]:.2e} (relative)")
-    if metrics["mean_abs_dlogprob"] > tol.mean_abs_dlogprob or \
-            metrics["max_abs_dlogprob"] > tol.max_abs_dlogprob:
-        failures.append(f"logits differ: mean |Δlogprob| {metrics['mean_abs_dlogprob']:.2e}, "
-                        f"max {metrics['max_abs_dlogprob']:.2e}")
+    if metrics.mean_abs_dlogprob > tol.mean_abs_dlogprob or \
+            metrics.max_abs_dlogprob > tol.max_abs_dlogprob:
+        failures.append(f"logits differ: mean |Δlogprob| {metrics.mean_abs_dlogprob:.2e}, "
+                        f"max {metrics.max_abs_dlogprob:.2e}")
     if cos is not None and not cos >= floor:
         failures.append(f"layer {cos_layer}: decoded weights have cosine {cos:.3f} with the "
                         f"source model's (< {floor} expected for {bits}-bit weights): the "
                         "stored weights look corrupt")
-    metrics["failures"] = failures
-    return {"verdict": "fail" if failures else "pass", "metrics": metrics,
-            "tolerance": {k: v for k, v in tol.__dict__.items()},
-            "reference_s": round(time.perf_counter() - t0, 2),
-            **({"error": "decode check failed: " + "; ".join(failures)} if failures else {})}
+    metrics.failures = failures
+    result = LevelResult(verdict="fail" if failures else "pass", metrics=metrics,
+                         tolerance=dict(tol.__dict__),
+                         reference_s=round(time.perf_counter() - t0, 2))
+    if failures:
+        result.error = "decode check failed: " + "; ".join(failures)
+    return result

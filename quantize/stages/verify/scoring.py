@@ -13,6 +13,8 @@ from quantize.model.config import read_config
 from quantize.model.decode import load_dequantized
 from quantize.model.moe import config_is_moe, load_linearized
 from quantize.model.qconfig import read_quant_config
+from quantize.stages.verify.result import AgreementMetrics, Tie
+from quantize.stages.vllm_io import Generated
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +47,6 @@ def load_hf(ckpt: Path) -> Any:
 
     from quantize.backends._native import native_load
 
-    kwargs: dict[str, Any] = {"dtype": torch.float32}
     quant = read_quant_config(read_config(ckpt, error=VerifyError), error=VerifyError)
     loading: Any = native_load(quant.method) if quant and quant.native else \
         contextlib.nullcontext()
@@ -57,8 +58,9 @@ def load_hf(ckpt: Path) -> Any:
                 # re-fuses them (and drops asymmetric zero points): quantize/model/moe.py
                 model = load_linearized(ckpt, config)
             else:
-                model = load_dequantized(ckpt, **kwargs) if quant and not quant.native else \
-                    AutoModelForCausalLM.from_pretrained(ckpt, **kwargs)
+                model = load_dequantized(ckpt, dtype=torch.float32) \
+                    if quant and not quant.native else \
+                    AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:  # incl. NotImplementedError
         first = first_line(exc)
         raise VerifyError(f"transformers cannot load {ckpt}: {type(exc).__name__}: {first}") \
@@ -104,40 +106,41 @@ def log_probs(model: Any, ids: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(model(ids).logits.float(), dim=-1)
 
 
-def compare(vllm_outputs: list[dict[str, Any]], hf_rows: list[torch.Tensor],
-            th: Thresholds) -> dict[str, Any]:
+def compare(vllm_outputs: list[Generated], hf_rows: list[torch.Tensor],
+            th: Thresholds) -> AgreementMetrics:
     """Per-step agreement and log-prob differences, pooled over prompts."""
+    outputs = [Generated.model_validate(o) for o in vllm_outputs]  # the worker's JSON, too
     steps = agree = 0
     dlp: list[float] = []
     first_div: list[int] = []
-    bad_ties: list[dict[str, Any]] = []
-    for p, (out, rows) in enumerate(zip(vllm_outputs, hf_rows, strict=True)):
-        div = len(out["steps"])
-        for i, st in enumerate(out["steps"]):
-            tok = st["token"]
+    bad_ties: list[Tie] = []
+    for p, (out, rows) in enumerate(zip(outputs, hf_rows, strict=True)):
+        div = len(out.steps)
+        for i, st in enumerate(out.steps):
+            tok = st.token
             row = rows[i]
             hf_top = int(row.argmax())
             lp_hf = float(row[tok])
             steps += 1
-            dlp.append(abs(st["logprob"] - lp_hf))
+            dlp.append(abs(st.logprob - lp_hf))
             if hf_top == tok:
                 agree += 1
                 continue
             div = min(div, i)
             gap = float(row[hf_top]) - lp_hf
             if gap > th.tie_margin:
-                bad_ties.append({"prompt": p, "step": i, "vllm_token": tok,
-                                 "hf_token": hf_top, "gap_nats": round(gap, 3)})
+                bad_ties.append(Tie(prompt=p, step=i, vllm_token=tok, hf_token=hf_top,
+                                    gap_nats=round(gap, 3)))
         first_div.append(div)
     mean_d = sum(dlp) / max(len(dlp), 1)
     agreement = round(agree / max(steps, 1), 4)
-    metrics: dict[str, Any] = {
-        "steps": steps, "agreement": agreement,
-        "mean_abs_dlogprob": round(mean_d, 4), "max_abs_dlogprob": round(max(dlp, default=0), 4),
-        "greedy_prefix_match": first_div, "prompts_fully_matching":
-            sum(d == len(o["steps"]) for d, o in zip(first_div, vllm_outputs, strict=True)),
-        "non_tie_disagreements": bad_ties[:10],
-    }
+    metrics = AgreementMetrics(
+        steps=steps, agreement=agreement,
+        mean_abs_dlogprob=round(mean_d, 4), max_abs_dlogprob=round(max(dlp, default=0), 4),
+        greedy_prefix_match=first_div, prompts_fully_matching=sum(
+            d == len(o.steps) for d, o in zip(first_div, outputs, strict=True)),
+        non_tie_disagreements=bad_ties[:10],
+    )
     failures = []
     if agreement < th.min_agreement:
         failures.append(f"greedy agreement {agreement:.2%} < "
@@ -146,7 +149,7 @@ def compare(vllm_outputs: list[dict[str, Any]], hf_rows: list[torch.Tensor],
         failures.append(f"mean |Δlogprob| {mean_d:.3f} > {th.max_mean_abs_dlogprob} nats")
     if bad_ties:
         failures.append(f"{len(bad_ties)} disagreement(s) are not near-ties (e.g. prompt "
-                        f"{bad_ties[0]['prompt']} step {bad_ties[0]['step']}: transformers "
-                        f"rates vLLM's token {bad_ties[0]['gap_nats']} nats below its own)")
-    metrics["failures"] = failures
+                        f"{bad_ties[0].prompt} step {bad_ties[0].step}: transformers "
+                        f"rates vLLM's token {bad_ties[0].gap_nats} nats below its own)")
+    metrics.failures = failures
     return metrics

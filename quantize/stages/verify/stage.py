@@ -21,6 +21,7 @@ from quantize.run.manifest import MANIFEST, RunFolder
 from quantize.run.stage import Inputs, record_stage
 from quantize.stages.verify.decode_check import DecodeTolerance, verify_decode
 from quantize.stages.verify.report import one_line, render
+from quantize.stages.verify.result import ServeDtype, VerifySummary
 from quantize.stages.verify.scoring import Thresholds
 from quantize.stages.verify.target import NAME, checkpoint_config, resolve_target
 from quantize.stages.verify.vllm_run import verify_vllm
@@ -57,7 +58,7 @@ class Options:
 
 
 def run(checkpoint: Path, out: Path, opts: Options, host: vhost.Host | None = None
-        ) -> dict[str, Any]:
+        ) -> VerifySummary:
     """Verify `checkpoint` (an export folder), writing verify.json/verify.md and logs into
     `out`. Returns the summary; `verdict` is pass or fail, `level` vllm or decode."""
     opts.check()
@@ -76,40 +77,40 @@ def run(checkpoint: Path, out: Path, opts: Options, host: vhost.Host | None = No
         ok = support.Support(False, f"not verifiable in vLLM on this host ({moe_limit})")
     if opts.level == "vllm" and (host.vllm_python is None or host.problem):
         raise VerifyError(f"--level vllm: {host.problem}")
-    summary: dict[str, Any] = {
-        "checkpoint": str(checkpoint.resolve()), "format": fmt.label,
-        "host": host.describe(), "tp": tp, "kv_cache_dtype": kv,
+    summary = VerifySummary(
+        checkpoint=str(checkpoint.resolve()), format=fmt.label,
+        host=host.describe(), tp=tp, kv_cache_dtype=kv,
         # which export this is about: its manifest lists the sha256 of every file
-        "export_manifest_sha256": sha256_file(checkpoint / MANIFEST)
+        export_manifest_sha256=sha256_file(checkpoint / MANIFEST)
         if (checkpoint / MANIFEST).is_file() else None,
-    }
+    )
     if ok.ok or opts.level == "vllm":
-        summary["level"] = "vllm"
+        summary.level = "vllm"
         if not ok.ok:  # --level vllm: the rules may be stale, the load is the proof
-            summary["rules_said"] = ok.reason
+            summary.rules_said = ok.reason
         need = support.serving_dtype(fmt, host.device)
         if need is not None:  # the checkpoint's own dtype would not run here
-            summary["serve_dtype"] = {"flag": need.flag, "dtype": need.dtype,
-                                      "declared": fmt.dtype, "why": need.reason}
-        summary.update(verify_vllm(checkpoint, out, host, tp=tp, kv_cache_dtype=kv,
-                                   timeout_s=opts.timeout_s, th=opts.thresholds,
-                                   dtype=need.dtype if need else None))
+            summary.serve_dtype = ServeDtype(flag=need.flag, dtype=need.dtype,
+                                             declared=fmt.dtype, why=need.reason)
+        summary.add(verify_vllm(checkpoint, out, host, tp=tp, kv_cache_dtype=kv,
+                                timeout_s=opts.timeout_s, th=opts.thresholds,
+                                dtype=need.dtype if need else None))
     else:
-        summary["level"] = "decode"
-        summary["why_not_vllm"] = ok.reason
+        summary.level = "decode"
+        summary.why_not_vllm = ok.reason
         if moe_limit:
-            summary["host_limit"] = moe_limit
-        summary.update(verify_decode(checkpoint, config, opts.tolerance))
-    summary["passed"] = summary["verdict"] == "pass"  # what publish and the model card read
-    summary["result"] = one_line(summary)
-    summary["duration_s"] = round(time.perf_counter() - t0, 2)
-    atomic_write_json(out / "verify.json", summary)
+            summary.host_limit = moe_limit
+        summary.add(verify_decode(checkpoint, config, opts.tolerance))
+    summary.passed = summary.verdict == "pass"  # what publish and the model card read
+    summary.result = one_line(summary)
+    summary.duration_s = round(time.perf_counter() - t0, 2)
+    atomic_write_json(out / "verify.json", summary.to_json())
     atomic_write_text(out / "verify.md", render(summary))
     return summary
 
 
 def verify(checkpoint: Path, *, out: Path | None = None, rerun: bool = False,
-           **options: Any) -> dict[str, Any]:
+           **options: Any) -> VerifySummary:
     """Library entry: a run folder gets <run>/verify/ (complete or absent), recorded in its
     manifest; a bare checkpoint gets `out=` or <checkpoint>/../<name>-verify/. `options`:
     the fields of `Options`."""
@@ -124,7 +125,7 @@ def verify(checkpoint: Path, *, out: Path | None = None, rerun: bool = False,
                                    ckpt.parent / f"{ckpt.name}-verify")
     with atomic_dir(final) as tmp:
         summary = run(ckpt, tmp, opts)
-    summary["out"] = str(final)
+    summary.out = str(final)
     return summary
 
 
@@ -150,18 +151,14 @@ def stage_inputs(export_key: str, opts: Options, host: vhost.Host) -> Inputs:
 
 
 def _recorded(ckpt: Path, run_dir: Path, export_key: str, opts: Options, *,
-              rerun: bool) -> dict[str, Any]:
+              rerun: bool) -> VerifySummary:
     host = opts.host()
     inputs = stage_inputs(export_key, opts, host)
-    record_stage(run_dir, NAME, inputs, lambda tmp: _brief(run(ckpt, tmp, opts, host)),
-                 rerun=rerun)  # says whether it runs and why, as every stage does
+    # the manifest records the brief (verify.json holds the rest); record_stage says whether
+    # it runs and why, as every stage does
+    record_stage(run_dir, NAME, inputs, lambda tmp: run(ckpt, tmp, opts, host).brief().to_json(),
+                 rerun=rerun)
     out = run_dir / NAME
-    summary: dict[str, Any] = json.loads((out / "verify.json").read_text())
-    summary["out"] = str(out)
+    summary = VerifySummary.model_validate(json.loads((out / "verify.json").read_text()))
+    summary.out = str(out)
     return summary
-
-
-def _brief(summary: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's record of a verify run (verify.json holds the rest)."""
-    return {k: summary.get(k) for k in ("verdict", "passed", "level", "format", "result",
-                                        "duration_s")}
