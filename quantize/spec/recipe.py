@@ -24,7 +24,7 @@ from quantize.spec.yamlio import parse_model, read_text
 
 # The recipe `quantize run`, `make quantize` and `quantize fit` use when none is named: the
 # best 4-bit measured on the default model (eval/README.md, issue #15). The Makefile's
-# RECIPE default repeats it (tests/unit/test_recipe.py checks they agree).
+# RECIPE default repeats it (tests/unit/spec/test_recipe.py checks they agree).
 DEFAULT_RECIPE = "gptq-int4-asym"
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]

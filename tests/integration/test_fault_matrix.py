@@ -4,7 +4,7 @@ start, a disk too small for the run (refused before calibration), and several pr
 started together on a fresh model cache.
 
 The disk is a real tmpfs (mounted by the test, so it needs root; without it the module
-skips and tests/unit/test_fault_errors.py injects the same errors in-process). A real
+skips and tests/unit/run/test_fault_errors.py injects the same errors in-process). A real
 `quantize run fp8-dynamic` on the tiny model pauses at a named point
 (QUANTIZE_PAUSE_AT/QUANTIZE_PAUSE_UNTIL, quantize.run.files.pause_point); the test fills
 the tmpfs to the last byte (or makes the run folder read-only) and lets the run go on. Each fault
@@ -64,7 +64,7 @@ def _can_mount() -> bool:
 
 
 pytestmark = pytest.mark.skipif(
-    not _can_mount(), reason="mounting a tmpfs needs root; tests/unit/test_fault_errors.py "
+    not _can_mount(), reason="mounting a tmpfs needs root; tests/unit/run/test_fault_errors.py "
     "covers the same errors in-process")
 
 

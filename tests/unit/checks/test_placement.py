@@ -14,7 +14,7 @@ from quantize.checks.placement import GiB, PlacementError, choose_host, load_pla
 from quantize.errors import NotImplementedFeature
 from quantize.spec.recipe import load_recipe
 
-CONFIGS = Path(__file__).resolve().parents[2] / "quantize" / "data" / "model_configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "quantize" / "data" / "model_configs"
 
 
 def test_ram_when_everything_fits() -> None:

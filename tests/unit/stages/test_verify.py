@@ -72,7 +72,8 @@ def test_formats_are_classified() -> None:
 
 
 def test_other_quant_methods_are_refused() -> None:
-    # native gptq/awq (backend gptqmodel/autoawq) are handled: tests/unit/test_backend_engines.py
+    # native gptq/awq (backend gptqmodel/autoawq) are handled:
+    # tests/unit/backends/test_backend_engines.py
     with pytest.raises(VerifyError, match=r"quant_method is 'bitsandbytes'"):
         caps.checkpoint_format({"quantization_config": {"quant_method": "bitsandbytes"}})
 
