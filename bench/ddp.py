@@ -264,8 +264,8 @@ def run(a: argparse.Namespace) -> None:
     model = MODEL_8B if a.preset == "llama3.1-8b" else WORK / f"model-{a.preset}"
     tokenizer = TOKENIZER
     if not (tokenizer / "tokenizer.json").is_file():  # no carry: the default model's own
-        from quantize.model.source import DEFAULT_NAME, cache_root
-        tokenizer = cache_root() / "models" / f"{DEFAULT_NAME}-fp16"
+        from quantize.model.source import default_model_dir
+        tokenizer = default_model_dir()
     log(f"model {a.preset} -> {model}")
     _, line = sh([sys.executable, "-m", "bench.make_model", "--preset", a.preset, "--out",
                   str(model), "--tokenizer", str(tokenizer), "--device", a.device], env, 300,

@@ -39,9 +39,9 @@ def download_wheels() -> None:
 
 
 def copy_tokenizer() -> None:
-    from quantize.model.source import DEFAULT_NAME, cache_root, resolve_model
+    from quantize.model.source import DEFAULT_DIR_NAME, cache_root, resolve_model
 
-    src = cache_root() / "models" / f"{DEFAULT_NAME}-fp16"
+    src = cache_root() / "models" / DEFAULT_DIR_NAME
     if not (src / "tokenizer.json").is_file():
         print(f"{src} is missing: converting the default model once (about a minute); set "
               "QUANTIZE_CACHE to reuse an existing cache")

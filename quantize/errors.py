@@ -3,11 +3,47 @@ its message on one line and exits non-zero, without a traceback unless QUANTIZE_
 
 from __future__ import annotations
 
+import os
+
 
 class QuantizeError(Exception):
-    """Base class: a problem the user can fix. The message names the problem and the fix."""
+    """Base class: a problem the user can fix. The message names the problem and the fix.
+
+    Raised either with a whole message, or with structured fields the one-line message is
+    composed from (tests assert the fields, not the prose):
+
+    - `problem`: what is wrong, e.g. "has no config.json";
+    - `hint`: how to fix it, e.g. "point --model at the folder that holds config.json";
+    - `path`: the file, folder or location it is about (`line`: its line in that file).
+
+    The message is `{path}[:{line}]{path_sep}{problem}; {hint}`, each part only when given
+    (`path_sep` is ": " unless the sentence reads on from the path, as in "x has no y").
+    A whole message (several problems in one line) may still carry `path` and `line`."""
 
     exit_code = 2
+
+    def __init__(self, message: str | None = None, *, problem: str | None = None,
+                 hint: str | None = None, path: str | os.PathLike[str] | None = None,
+                 line: int | None = None, path_sep: str = ": ") -> None:
+        self.problem = problem
+        self.hint = hint
+        self.path = None if path is None else os.fspath(path)
+        self.line = line
+        if message is None:
+            if problem is None:
+                raise TypeError("a QuantizeError needs a message or a problem")
+            message = compose(problem, hint, self.path, line, path_sep)
+        super().__init__(message)
+
+
+def compose(problem: str, hint: str | None = None, path: str | None = None,
+            line: int | None = None, path_sep: str = ": ") -> str:
+    """The one-line message of a problem, its fix and where it is (see QuantizeError)."""
+    head = problem
+    if path is not None:
+        where = f"{path}:{line}" if line else path
+        head = f"{where}{path_sep}{problem}"
+    return f"{head}; {hint}" if hint else head
 
 
 class RecipeError(QuantizeError):

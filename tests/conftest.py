@@ -43,7 +43,7 @@ def quantize_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def default_model(quantize_cache: Path) -> Path:
-    """The real pretrained default model (SmolLM2-135M-Instruct) as an fp16 folder."""
+    """The real pretrained default model (SmolLM2-135M-Instruct) as a bf16 folder."""
     from quantize.model.source import default_model_dir
 
     return default_model_dir()

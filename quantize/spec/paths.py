@@ -20,6 +20,6 @@ def contained(base: Path, raw: str, allowed: bool, what: str, where: str) -> Pat
     p = Path(raw).expanduser()
     path = (p if p.is_absolute() else base / p).resolve()
     if not allowed and (p.is_absolute() or not path.is_relative_to(base.resolve())):
-        raise RecipeError(f"{what} {raw!r} leaves {where}; use a path inside that folder or "
-                          "set allow_external_path: true")
+        raise RecipeError(problem=f"{what} {raw!r} leaves {where}",
+                          hint="use a path inside that folder or set allow_external_path: true")
     return path

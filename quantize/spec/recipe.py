@@ -24,7 +24,7 @@ from quantize.spec.yamlio import parse_model, read_text
 
 # The recipe `quantize run`, `make quantize` and `quantize fit` use when none is named: the
 # best 4-bit measured on the default model (eval/README.md, issue #15). The Makefile's
-# RECIPE default repeats it (tests/unit/test_recipe.py checks they agree).
+# RECIPE default repeats it (tests/unit/spec/test_recipe.py checks they agree).
 DEFAULT_RECIPE = "gptq-int4-asym"
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
@@ -289,8 +289,9 @@ def resolve(kind: str, name_or_path: str) -> Path:
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
         if not p.is_file():
-            raise RecipeError(f"{name_or_path}: no such file; give a path to a YAML file or "
-                              f"one of the names from `quantize {kind}`")
+            raise RecipeError(problem="no such file", path=name_or_path,
+                              hint=f"give a path to a YAML file or one of the names from "
+                                   f"`quantize {kind}`")
         return p
     candidate = _dir(kind) / f"{name_or_path}.yaml"
     if candidate.is_file():
@@ -299,15 +300,16 @@ def resolve(kind: str, name_or_path: str) -> Path:
     close = difflib.get_close_matches(name_or_path, names, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     label = {"recipes": "recipe", "calibration": "calibration spec", "eval": "eval suite"}[kind]
-    raise RecipeError(f"unknown {label} {name_or_path!r}; {hint}known: {', '.join(names)}")
+    raise RecipeError(problem=f"unknown {label} {name_or_path!r}",
+                      hint=f"{hint}known: {', '.join(names)}")
 
 
 def _load(kind: str, model: type[Strict], name_or_path: str) -> Any:
     path = resolve(kind, name_or_path)
     obj = parse_model(model, read_text(path), str(path))
     if hasattr(obj, "name") and kind != "calibration" and obj.name != path.stem:
-        raise RecipeError(f"{path}: name {obj.name!r} differs from the file name "
-                          f"{path.stem!r}; make them equal (one name per artifact)")
+        raise RecipeError(problem=f"name {obj.name!r} differs from the file name {path.stem!r}",
+                          hint="make them equal (one name per artifact)", path=path)
     return obj
 
 
@@ -343,15 +345,16 @@ def apply_thresholds(suite: EvalSuite, ref: EvalRef) -> EvalSuite:
     names = {m.name for m in suite.metrics}
     unknown = set(ref.thresholds) - names
     if unknown:
-        raise RecipeError(f"eval.thresholds names {sorted(unknown)}, not in suite "
-                          f"{suite.name!r} (metrics: {sorted(names)}); fix the name")
+        raise RecipeError(problem=f"eval.thresholds names {sorted(unknown)}, not in suite "
+                                  f"{suite.name!r} (metrics: {sorted(names)})",
+                          hint="fix the name")
     metrics = []
     for m in suite.metrics:
         t = ref.thresholds.get(m.name)
         if t is not None and t < m.threshold:
             raise RecipeError(
-                f"eval.thresholds.{m.name}={t} loosens the suite's {m.threshold}; recipes "
-                "may only tighten thresholds (edit the suite to loosen)")
+                problem=f"eval.thresholds.{m.name}={t} loosens the suite's {m.threshold}",
+                hint="recipes may only tighten thresholds (edit the suite to loosen)")
         metrics.append(m.model_copy(update={"threshold": t}) if t is not None else m)
     return suite.model_copy(update={"metrics": metrics})
 

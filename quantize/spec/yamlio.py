@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from quantize.errors import RecipeError
+from quantize.errors import RecipeError, compose
 
 Loc = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
@@ -66,10 +66,12 @@ def load_yaml(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
         data = yaml.load(text, Loader=_StrictLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise RecipeError(f"{where}: invalid YAML: {_one_line(exc.problem or exc)}") from None
+        problem, hint = _split(f"invalid YAML: {_one_line(exc.problem or exc)}")
+        raise RecipeError(problem=problem, hint=hint, path=source,
+                          line=mark.line + 1 if mark else None) from None
     except yaml.YAMLError as exc:  # e.g. a control character: not a marked error
-        raise RecipeError(f"{source}: invalid YAML: {_one_line(exc)}") from None
+        problem, hint = _split(f"invalid YAML: {_one_line(exc)}")
+        raise RecipeError(problem=problem, hint=hint, path=source) from None
     return data, _line_map(node)
 
 
@@ -77,9 +79,9 @@ def read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise RecipeError(f"{path}: not UTF-8 text; save it as UTF-8") from None
+        raise RecipeError(problem="not UTF-8 text", hint="save it as UTF-8", path=path) from None
     except OSError as exc:
-        raise RecipeError(f"{path}: cannot read ({exc.strerror})") from None
+        raise RecipeError(problem=f"cannot read ({exc.strerror})", path=path) from None
 
 
 def _nearest_line(lines: dict[Loc, int], loc: Loc) -> int | None:
@@ -91,8 +93,15 @@ def _nearest_line(lines: dict[Loc, int], loc: Loc) -> int | None:
         loc = loc[:-1]
 
 
-def format_validation_error(exc: ValidationError, source: str, lines: dict[Loc, int]) -> str:
-    """One message listing each schema problem as `file:line: field: problem`."""
+def _split(message: str) -> tuple[str, str | None]:
+    """A `problem; fix` sentence as (problem, fix): the fix is what follows the first "; "."""
+    problem, _, hint = message.partition("; ")
+    return problem, hint or None
+
+
+def validation_problems(exc: ValidationError,
+                        lines: dict[Loc, int]) -> list[tuple[int | None, str, str | None]]:
+    """Each schema problem as (line, `field: problem`, fix)."""
     parts = []
     for err in exc.errors():
         loc = tuple(str(p) if not isinstance(p, int) else p for p in err["loc"])
@@ -105,17 +114,27 @@ def format_validation_error(exc: ValidationError, source: str, lines: dict[Loc, 
             msg = "unknown field; remove it or check its spelling"
         elif err["type"] == "missing":
             msg = "required field is missing; add it"
-        where = f"{source}:{line}" if line else source
-        parts.append(f"{where}: {field}: {msg}")
-    return "; ".join(parts)
+        problem, hint = _split(f"{field}: {msg}")
+        parts.append((line, problem, hint))
+    return parts
+
+
+def format_validation_error(exc: ValidationError, source: str, lines: dict[Loc, int]) -> str:
+    """One message listing each schema problem as `file:line: field: problem`."""
+    return "; ".join(compose(problem, hint, source, line)
+                     for line, problem, hint in validation_problems(exc, lines))
 
 
 def parse_model(model: type[M], text: str, source: str) -> M:
     """Strictly parse YAML text into a pydantic model, with line-precise errors."""
     data, lines = load_yaml(text, source)
     if not isinstance(data, dict):
-        raise RecipeError(f"{source}: expected a YAML mapping at the top level")
+        raise RecipeError(problem="expected a YAML mapping at the top level", path=source)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(format_validation_error(exc, source, lines)) from None
+        parts = validation_problems(exc, lines)
+        if len(parts) == 1:  # the usual case: one problem, its fields
+            line, problem, hint = parts[0]
+            raise RecipeError(problem=problem, hint=hint, path=source, line=line) from None
+        raise RecipeError(format_validation_error(exc, source, lines), path=source) from None

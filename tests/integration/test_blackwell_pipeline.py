@@ -5,21 +5,17 @@ logits of both models over real text."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from fixtures import export_runs
+from fixtures.export_runs import export_config, export_run
 
-from quantize.pipeline import RunOptions, run
+from quantize.model.config import ModelConfig
 from quantize.spec.recipe import load_recipe
 from quantize.stages.verify import DecodeTolerance, verify_decode
 
-
-@pytest.fixture(scope="module")
-def small_calibration(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    p = tmp_path_factory.mktemp("spec") / "small.yaml"
-    p.write_text("name: small\nbuiltin: wiki\nnum_samples: 8\nseq_len: 128\n")
-    return p
+small_calibration = export_runs.small_calibration  # the module fixture, shared
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +43,13 @@ def test_recipe_exports_and_decodes_bit_for_bit(recipe: str, tiny_model: Path,
                                                 block_model: Path, small_calibration: Path,
                                                 tmp_path: Path) -> None:
     model = block_model if recipe == "fp8-block" else tiny_model
-    run(RunOptions(recipe=recipe, model=str(model), dataset=str(small_calibration),
-                   out=tmp_path / "run", until="export", device="cpu"))
-    export = tmp_path / "run" / "export"
-    config = json.loads((export / "config.json").read_text())
-    qc = config["quantization_config"]
+    export = export_run(recipe, model, small_calibration, tmp_path / "run") / "export"
+    config, qc = export_config(export)
     fmt = {"NVFP4": "nvfp4-pack-quantized", "NVFP4A16": "nvfp4-pack-quantized",
            "MXFP4": "mxfp4-pack-quantized", "MXFP4A16": "mxfp4-pack-quantized",
            "FP8_BLOCK": "float-quantized"}[load_recipe(recipe).scheme]
     assert qc["format"] == fmt and qc["ignore"] == ["lm_head"]
-    result = verify_decode(export, config, DecodeTolerance())
+    result = verify_decode(export, ModelConfig.model_validate(config), DecodeTolerance())
     m = result["metrics"]
     assert result["verdict"] == "pass", result.get("error")
     assert m["layers_decoded"] == 14  # 7 Linear layers x 2 decoder layers

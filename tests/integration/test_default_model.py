@@ -32,13 +32,13 @@ def test_gptq_int4_export_config(gptq_run: Path) -> None:
         4, True, "group", 64)
     assert qc["ignore"] == ["lm_head"]
     assert cfg["tie_word_embeddings"] is True
-    # fp16 is 257 MiB; INT4 layers plus the fp16 (tied) embedding table: ~108 MiB
+    # bf16 is 257 MiB; INT4 layers plus the 16-bit (tied) embedding table: ~108 MiB
     size = (gptq_run / "export" / "model.safetensors").stat().st_size
     assert 90 * 2**20 < size < 130 * 2**20, size
 
 
 def test_reloaded_export_tracks_the_original(gptq_run: Path, default_model: Path) -> None:
-    """Next-token agreement with the fp16 original over ~430 tokens of held-out text.
+    """Next-token agreement with the bf16 original over ~430 tokens of held-out text.
     INT4 g64 on this 135M model (8×256 calibration) measured 64% top-1 agreement and 0.43
     relative logit error; a broken export (wrong scales, shuffled packing) agrees on a few
     percent at most. The bounds leave room for run-to-run variation, not for breakage."""

@@ -17,12 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures import export_runs
+from fixtures.export_runs import export_config, export_run
 
 from quantize.model.config import ModelConfig
 from quantize.pipeline import RunOptions, run
 from quantize.spec.recipe import load_recipe
 from quantize.vllm import host as vllm_host
 from quantize.vllm import support as capabilities
+
+small_calibration = export_runs.small_calibration  # the module fixture, shared
 
 # recipe, the packages its extra brings, (quant_method, format) written to config.json
 ENGINES = {
@@ -51,13 +55,6 @@ def _params() -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def small_calibration(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    p = tmp_path_factory.mktemp("spec") / "small.yaml"
-    p.write_text("name: small\nbuiltin: wiki\nnum_samples: 8\nseq_len: 128\n")
-    return p
-
-
-@pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path,
              small_calibration: Path) -> Any:
     """Run a recipe up to the export once per module (from a scratch working directory, to
@@ -74,9 +71,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path,
                     # refused by default (its output on the real default model is broken);
                     # the mechanics are still tested here, on the tiny model
                     mp.setenv("QUANTIZE_AUTOAWQ_UNVERIFIED", "1")
-                run(RunOptions(recipe=recipe, model=str(tiny_model),
-                               dataset=str(small_calibration), out=root / key.replace(":", "-"),
-                               until=until, device="cpu"))
+                export_run(recipe, tiny_model, small_calibration,
+                           root / key.replace(":", "-"), until)
             assert not (root / "logs").exists(), "an engine wrote logs/ into the working dir"
             done[key] = root / key.replace(":", "-")
         return done[key]
@@ -104,8 +100,7 @@ def test_engine_writes_a_native_checkpoint_from_the_same_calibration(
 
     run_dir = exported(recipe)
     export = run_dir / "export"
-    config = json.loads((export / "config.json").read_text())
-    qc = config["quantization_config"]
+    config, qc = export_config(export)
     method, fmt = ENGINES[recipe][1]
     assert (qc["quant_method"], str(qc.get("format") or qc.get("version")).lower()) == \
         (method, fmt)
@@ -139,7 +134,7 @@ def test_engine_writes_a_native_checkpoint_from_the_same_calibration(
     got = _logits(hf)
     assert torch.isfinite(got).all()
     assert float((got - ref).norm() / ref.norm()) < 0.35
-    dense = _logits(dense_native(export, config, "cpu"))
+    dense = _logits(dense_native(export, ModelConfig.model_validate(config), "cpu"))
     assert float((dense - got).norm() / got.norm()) < 0.02  # bf16 kernel vs fp32
     unfused = _logits(V.load_hf(export))
     assert torch.allclose(dense, unfused, rtol=0, atol=1e-4)

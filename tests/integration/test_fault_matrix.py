@@ -4,7 +4,7 @@ start, a disk too small for the run (refused before calibration), and several pr
 started together on a fresh model cache.
 
 The disk is a real tmpfs (mounted by the test, so it needs root; without it the module
-skips and tests/unit/test_fault_errors.py injects the same errors in-process). A real
+skips and tests/unit/run/test_fault_errors.py injects the same errors in-process). A real
 `quantize run fp8-dynamic` on the tiny model pauses at a named point
 (QUANTIZE_PAUSE_AT/QUANTIZE_PAUSE_UNTIL, quantize.run.files.pause_point); the test fills
 the tmpfs to the last byte (or makes the run folder read-only) and lets the run go on. Each fault
@@ -22,17 +22,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fixtures import pause
+from fixtures.pause import cmd, env, stage_hashes, start_paused, wait_for_pause
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import test_resume as resume
-
-cmd, env, stage_hashes = resume.cmd, resume.env, resume.stage_hashes
-suite, reference = resume.suite, resume.reference  # the kill matrix's fixtures, reused
+suite, reference = pause.suite, pause.reference  # the kill matrix's fixtures, reused
 
 MiB = 2**20
 # (pause point, fault): the stage named by the point is the one that must fail
@@ -67,7 +64,7 @@ def _can_mount() -> bool:
 
 
 pytestmark = pytest.mark.skipif(
-    not _can_mount(), reason="mounting a tmpfs needs root; tests/unit/test_fault_errors.py "
+    not _can_mount(), reason="mounting a tmpfs needs root; tests/unit/run/test_fault_errors.py "
     "covers the same errors in-process")
 
 
@@ -106,15 +103,6 @@ def one_error_line(err: str, phrase: str) -> str:
     return errors[0]
 
 
-def _wait(proc: subprocess.Popen[str], marker: Path) -> None:
-    deadline = time.time() + 600
-    while not marker.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"exited before the pause point: {proc.communicate()}")
-        assert time.time() < deadline, "never reached the pause point"
-        time.sleep(0.1)
-
-
 def test_full_disk_and_read_only_folder_at_each_writing_stage(
         tiny_model: Path, suite: Path, reference: Path, tmp_path: Path) -> None:
     ctl = tmp_path / "ctl"
@@ -125,13 +113,10 @@ def test_full_disk_and_read_only_folder_at_each_writing_stage(
         previous: str | None = None
         for point, fault in CHAIN:
             marker, go = ctl / "paused", ctl / "go"
-            proc = subprocess.Popen(
-                cmd(tiny_model, out, suite), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, env=env(QUANTIZE_CACHE=str(cache), QUANTIZE_PAUSE_AT=point,
-                                   QUANTIZE_PAUSE_MARKER=str(marker),
-                                   QUANTIZE_PAUSE_UNTIL=str(go)))
+            proc = start_paused(tiny_model, out, suite, point, marker,
+                                QUANTIZE_CACHE=str(cache), QUANTIZE_PAUSE_UNTIL=str(go))
             try:
-                _wait(proc, marker)
+                wait_for_pause(proc, marker, timeout_s=600)
                 manifest = out / "manifest.json"
                 before = manifest.read_bytes() if manifest.exists() else None
                 if fault == "full":
@@ -232,10 +217,10 @@ def test_processes_started_together_on_a_fresh_cache(tmp_path: Path) -> None:
     results = [(rc, out, err) for out, err, rc in results]
     for rc, _out, err in results:
         assert rc == 0, err
-    assert sum("to fp16 safetensors (first use only)" in err for _, _, err in results) == 1
+    assert sum("to bf16 safetensors (first use only)" in err for _, _, err in results) == 1
     assert sum("waiting for process" in err for _, _, err in results) >= 1
     prints = {out.strip() for _, out, _ in results}
     assert len(prints) == 1 and next(iter(prints)).startswith("fingerprint ")
     models = cache / "models"
     assert [p.name for p in models.iterdir() if not p.name.endswith(".lock")] == [
-        "SmolLM2-135M-Instruct-fp16"]
+        "SmolLM2-135M-Instruct-bf16"]

@@ -23,16 +23,18 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fixtures import pause
 from fixtures.hub import FakeHub
+from fixtures.pause import FAKE_TOKEN, cmd, env, stage_hashes, start_paused, wait_for_pause
 
-FAKE_TOKEN = "hf_ResumeTestToken4Vb8XqWz2Lp7Tn"  # in every subprocess's env; never written
+suite, reference = pause.suite, pause.reference  # module fixtures shared with the fault matrix
+
 ORG, BASE = "test-org", "test-org/Tiny-Llama"
 REPO = f"{ORG}/Tiny-Llama-FP8-dynamic"
 SIGNALS = (signal.SIGKILL, signal.SIGINT)
@@ -63,67 +65,11 @@ def kill_point_count() -> dict[str, int]:
 
 
 # --- the pipeline ---------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    p = tmp_path_factory.mktemp("suite") / "resume.yaml"
-    p.write_text("name: resume\nmetrics:\n  - name: ppl\n    kind: perplexity\n"
-                 "    direction: lower_is_better\n    builtin: wiki-eval\n    max_tokens: 256\n"
-                 "    seq_len: 128\n    threshold: 0.5\n")
-    return p
-
-
-def cmd(model: Path, out: Path, suite: Path) -> list[str]:
-    return [sys.executable, "-m", "quantize.cli", "run", "fp8-dynamic", "--model", str(model),
-            "--out", str(out), "--suite", str(suite), "--device", "cpu"]
-
-
-def env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "HF_TOKEN": FAKE_TOKEN, **extra}
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model: Path, suite: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An uninterrupted run (with a fake token in its environment)."""
-    out = tmp_path_factory.mktemp("ref") / "run"
-    proc = subprocess.run(cmd(tiny_model, out, suite), env=env(), capture_output=True,
-                          text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert FAKE_TOKEN not in proc.stdout + proc.stderr
-    return out
-
-
-def stage_hashes(out: Path) -> dict[str, Any]:
-    """What must not change: every file hash of the calibration, quantize and export folders
-    (export/manifest.json only by its `files`: it also records timings), eval numbers and
-    the gate verdict."""
-    m = json.loads((out / "manifest.json").read_text())
-    got: dict[str, Any] = {s: m["stages"][s]["outputs"] for s in ("calibrate", "quantize")}
-    got["export"] = {k: v for k, v in m["stages"]["export"]["outputs"].items()
-                     if k != "manifest.json"}
-    got["export-files"] = json.loads((out / "export" / "manifest.json").read_text())["files"]
-    # eval numbers; the engine's reason quotes the memory free at that moment (#19)
-    got["eval"] = {k: v for k, v in m["stages"]["eval"]["summary"].items() if k != "engine"}
-    got["eval-engine"] = m["stages"]["eval"]["summary"].get("engine", {}).get("name")
-    got["gate"] = m["stages"]["gate"]["summary"]["verdict"]
-    return got
-
-
-def _wait_marker(proc: subprocess.Popen[str], marker: Path) -> None:
-    deadline = time.time() + 300
-    while not marker.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"exited before the pause point: {proc.communicate()}")
-        assert time.time() < deadline, "never reached the pause point"
-        time.sleep(0.2)
-
-
 def _kill_at(point: str, sig: signal.Signals, tiny_model: Path, suite: Path, out: Path,
              reference: Path) -> None:
     marker = out.parent / "paused"
-    proc = subprocess.Popen(cmd(tiny_model, out, suite),
-                            env=env(QUANTIZE_PAUSE_AT=point, QUANTIZE_PAUSE_MARKER=str(marker)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_marker(proc, marker)
+    proc = start_paused(tiny_model, out, suite, point, marker)
+    wait_for_pause(proc, marker)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL), err
@@ -178,12 +124,9 @@ def test_a_second_run_on_the_same_folder_is_refused(tiny_model: Path, suite: Pat
     """While one run owns the folder, a second one exits 2 naming the owner's pid and
     writes nothing; the first one then finishes as if alone."""
     out, marker = tmp_path / "run", tmp_path / "paused"
-    first = subprocess.Popen(cmd(tiny_model, out, suite), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True,
-                             env=env(QUANTIZE_PAUSE_AT="quantize:written",
-                                     QUANTIZE_PAUSE_MARKER=str(marker),
-                                     QUANTIZE_PAUSE_SECONDS="20"))
-    _wait_marker(first, marker)
+    first = start_paused(tiny_model, out, suite, "quantize:written", marker,
+                         QUANTIZE_PAUSE_SECONDS="20")
+    wait_for_pause(first, marker)
     before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")}
     second = subprocess.run(cmd(tiny_model, out, suite), env=env(), capture_output=True,
                             text=True)
@@ -247,7 +190,7 @@ def _publish_killed(point: str, sig: signal.Signals, run_dir: Path, hub: FakeHub
     proc = subprocess.Popen(publish_cmd(run_dir), env=e, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     if hold is None:
-        _wait_marker(proc, marker)
+        wait_for_pause(proc, marker)
     else:
         while not hold.arrived.wait(0.2):
             assert proc.poll() is None, proc.communicate()

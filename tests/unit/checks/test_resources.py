@@ -14,7 +14,7 @@ from quantize.checks.resources import GiB, ResourceError, check_memory
 from quantize.model.config import ModelConfig
 from quantize.spec.recipe import load_recipe
 
-CONFIGS = Path(__file__).resolve().parents[2] / "quantize" / "data" / "model_configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "quantize" / "data" / "model_configs"
 SMALL = ModelConfig.model_validate({
     "model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000})

@@ -16,7 +16,7 @@ from quantize.run.files import hash_tree
 from quantize.run.lock import run_lock
 from quantize.run.manifest import read_manifest, write_manifest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
 from test_publish import dry, make_run
 
 

@@ -41,6 +41,10 @@ def test_disk_errors_are_one_line_with_path_and_fix(exc: BaseException, phrase: 
     msg = str(err)
     assert phrase in msg and "\n" not in msg
     assert "re-run the same command" in msg and "resumes" in msg
+    # the fields the line is made of: what went wrong (naming the path), and the fix
+    assert err.problem is not None and phrase in err.problem
+    assert err.hint is not None and "re-run the same command" in err.hint
+    assert err.path is not None and err.path in err.problem
 
 
 def test_other_errors_are_not_disk_errors() -> None:
@@ -50,9 +54,11 @@ def test_other_errors_are_not_disk_errors() -> None:
 
 def test_a_disk_error_inside_a_stage_removes_its_partial(tmp_path: Path) -> None:
     final = tmp_path / "quantize"
-    with pytest.raises(DiskError, match="no space left"), files.atomic_dir(final) as tmp:
+    with pytest.raises(DiskError) as info, files.atomic_dir(final) as tmp:
         (tmp / "half.safetensors").write_bytes(b"x" * 100)
         raise RuntimeError("I/O error: No space left on device (os error 28)")
+    assert info.value.problem is not None and "no space left" in info.value.problem
+    assert info.value.path == str(final)
     assert not final.exists() and not files.tmp_dir_for(final).exists()
 
 
@@ -66,8 +72,10 @@ def test_a_full_disk_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.Monk
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", full)
-    with pytest.raises(DiskError, match=f"writing {path}"):
+    with pytest.raises(DiskError) as info:
         files.atomic_write_text(path, "new")
+    assert info.value.path == str(path)
+    assert info.value.problem is not None and f"writing {path}" in info.value.problem
     assert path.read_text() == "old" and os.listdir(tmp_path) == ["manifest.json"]
 
 
@@ -100,10 +108,13 @@ def test_a_read_only_run_folder_is_one_line(tmp_path: Path) -> None:
     orig = Path.mkdir
     Path.mkdir = refuse  # type: ignore[method-assign,assignment]
     try:
-        with pytest.raises(DiskError, match="read-only file system"), run_lock(tmp_path / "run"):
+        with pytest.raises(DiskError) as info, run_lock(tmp_path / "run"):
             pass
     finally:
         Path.mkdir = orig  # type: ignore[method-assign]
+    assert info.value.problem is not None and "read-only file system" in info.value.problem
+    assert info.value.path == str(tmp_path / "run")
+    assert info.value.hint is not None and info.value.hint.startswith("use a writable folder")
 
 
 # --- cache entries under a kernel lock ------------------------------------------------------
@@ -146,8 +157,13 @@ def test_the_conversion_checks_free_space_first(tmp_path: Path,
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(source, "_gguf_path", lambda: tmp_path / "m.gguf")
     monkeypatch.setattr(source, "free_bytes", lambda _p: 10 * 2**20)
-    with pytest.raises(DiskError, match=r"needs 262 MiB .* 10 MiB is free .*QUANTIZE_CACHE"):
+    with pytest.raises(DiskError) as info:
         source.default_model_dir()
+    err = info.value
+    assert err.path == str(tmp_path / "cache" / "models")
+    assert err.problem is not None and "needs 262 MiB" in err.problem
+    assert "10 MiB is free" in err.problem
+    assert err.hint is not None and "QUANTIZE_CACHE" in err.hint
     assert not any((tmp_path / "cache" / "models").glob("*.partial"))
 
 

@@ -28,7 +28,7 @@ from quantize.run.manifest import read_manifest, write_manifest
 from quantize.spec.recipe import load_recipe
 from quantize.stages.publish import PublishOptions, publish, redact
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from fixtures.hub import write_eval_gate
 
 FAKE_TOKEN = "hf_QuantizeFakeToken0123456789XYZ"

@@ -15,7 +15,7 @@ from quantize.errors import NotImplementedFeature
 from quantize.model.config import ModelConfig
 from quantize.spec.recipe import load_recipe
 
-CONFIGS = Path(__file__).resolve().parents[2] / "quantize" / "data" / "model_configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "quantize" / "data" / "model_configs"
 
 
 def test_ram_when_everything_fits() -> None:

@@ -18,7 +18,7 @@ from quantize.model.qconfig import (
     without_quant_config,
 )
 
-CONFIGS = Path(__file__).resolve().parents[2] / "quantize" / "data" / "model_configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "quantize" / "data" / "model_configs"
 GPTQ = {"bits": 4, "group_size": 128, "sym": True, "desc_act": False, "quant_method": "gptq",
         "checkpoint_format": "gptq", "meta": {"quantizer": ["gptqmodel:7.6.0"]},
         "damp_percent": 0.05}

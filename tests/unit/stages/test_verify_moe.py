@@ -5,13 +5,13 @@ and passes on a sound export."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures.moe import CONFIGS, build_moe
+from fixtures.verify_setup import oneshot_exports
 
 from quantize.checks.preflight import moe_kernel_warning
 from quantize.model.config import ModelConfig
@@ -121,28 +121,16 @@ def moe_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny random Qwen3-MoE (fused experts) and two data-free llm-compressor exports of it:
     W4A16 symmetric and asymmetric (zero points), group 64, every expert unfused."""
     import torch
-    from llmcompressor import oneshot
-    from llmcompressor.modifiers.quantization import QuantizationModifier
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from quantize.model.source import default_model_dir
 
     root = tmp_path_factory.mktemp("moe")
     dense = build_moe("qwen3_moe", root / "dense", default_model_dir(), dtype="float32")
-    tok = AutoTokenizer.from_pretrained(dense)
-    out = {"dense": dense}
-    for name, sym in (("w4", True), ("w4asym", False)):
-        model = AutoModelForCausalLM.from_pretrained(dense, dtype=torch.float32)
-        recipe = QuantizationModifier(config_groups={"g": {
-            "targets": ["Linear"], "weights": {**W4, "symmetric": sym}}},
-            ignore=["lm_head", "re:.*mlp\\.gate$"])
-        oneshot(model=model, processor=tok, recipe=[recipe], log_dir=str(root / "logs"))
-        model.save_pretrained(root / name, save_compressed=True)
-        tok.save_pretrained(root / name)
-        (root / name / "manifest.json").write_text(json.dumps({"model": {"source": "dense",
-                                                                          "path": str(dense)}}))
-        out[name] = root / name
-    return out
+    variants = {name: {"config_groups": {"g": {"targets": ["Linear"],
+                                               "weights": {**W4, "symmetric": sym}}},
+                       "ignore": ["lm_head", "re:.*mlp\\.gate$"]}
+                for name, sym in (("w4", True), ("w4asym", False))}
+    return {"dense": dense, **oneshot_exports(dense, root, variants, dtype=torch.float32)}
 
 
 @pytest.mark.parametrize("name", ["w4", "w4asym"])

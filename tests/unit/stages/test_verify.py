@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.verify_setup import oneshot_exports
 
 from quantize.errors import VerifyError
 from quantize.model import decode as D
@@ -76,7 +77,8 @@ def test_formats_are_classified() -> None:
 
 
 def test_other_quant_methods_are_refused() -> None:
-    # native gptq/awq (backend gptqmodel/autoawq) are handled: tests/unit/test_backend_engines.py
+    # native gptq/awq (backend gptqmodel/autoawq) are handled:
+    # tests/unit/backends/test_backend_engines.py
     with pytest.raises(VerifyError, match=r"quant_method is 'bitsandbytes'"):
         checkpoint_format({"quantization_config": {"quant_method": "bitsandbytes"}})
 
@@ -296,8 +298,6 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     it: W8A8 INT8 (dynamic activations) and W4A16 asymmetric group 32 (packed, zero points).
     Each export's manifest names the dense model, as the export stage writes it."""
     import torch
-    from llmcompressor import oneshot
-    from llmcompressor.modifiers.quantization import QuantizationModifier
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
     from quantize.model.source import default_model_dir
@@ -312,21 +312,12 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     dense = root / "dense"
     AutoModelForCausalLM.from_config(cfg).save_pretrained(dense)
     tok.save_pretrained(dense)
-    out = {"dense": dense}
-    for name, kw in (("w8a8", {"scheme": "W8A8"}),
-                     ("w4asym", {"config_groups": {"g": {
-                         "targets": ["Linear"], "weights": {
-                             "num_bits": 4, "type": "int", "symmetric": False,
-                             "strategy": "group", "group_size": 32}}}})):
-        model = AutoModelForCausalLM.from_pretrained(dense)
-        recipe = QuantizationModifier(targets=["Linear"], ignore=["lm_head"], **kw)  # type: ignore[arg-type]
-        oneshot(model=model, processor=tok, recipe=[recipe], log_dir=str(root / "logs"))
-        model.save_pretrained(root / name, save_compressed=True)
-        tok.save_pretrained(root / name)
-        (root / name / "manifest.json").write_text(json.dumps({"model": {"source": "dense",
-                                                                          "path": str(dense)}}))
-        out[name] = root / name
-    return out
+    common = {"targets": ["Linear"], "ignore": ["lm_head"]}
+    return {"dense": dense, **oneshot_exports(dense, root, {
+        "w8a8": {**common, "scheme": "W8A8"},
+        "w4asym": {**common, "config_groups": {"g": {
+            "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": False,
+                                               "strategy": "group", "group_size": 32}}}}})}
 
 
 @pytest.mark.parametrize("name", ["w8a8", "w4asym"])
