@@ -287,14 +287,21 @@ def _group_fake_quant(x: torch.Tensor, aargs: Args, global_scale: torch.Tensor |
 
 
 def layer_groups(model: Any, qc: QuantConfig) -> dict[str, Group]:
-    """Which config group quantizes each layer; later groups win, as compressed-tensors
-    applies them in order."""
-    from compressed_tensors.utils import match_named_modules
+    """Which config group quantizes each layer, by compressed-tensors' own rule
+    (`apply_quantization_config`): one target -> group map (a later group overrides an equal
+    target), and for each layer the most specific matching target wins: exact name, then
+    regex, then class name (`match_targets`), whatever the groups' order."""
+    from compressed_tensors.utils import match_named_modules, match_targets
 
-    out: dict[str, Group] = {}
+    by_target: dict[str, Group] = {}
     for group in qc.groups:
-        for name, _ in match_named_modules(model, list(group.targets), list(qc.ignore)):
-            out[name] = group
+        for target in group.targets:
+            by_target[target] = group
+    out: dict[str, Group] = {}
+    for name, module in match_named_modules(model, list(by_target), list(qc.ignore)):
+        matched = match_targets(name, module, list(by_target))
+        if matched:
+            out[name] = by_target[matched[0]]
     return out
 
 

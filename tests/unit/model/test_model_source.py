@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from quantize.errors import ModelError
+from quantize.model.config import ModelConfig
 from quantize.model.source import check_architecture, check_model_dir, resolve_model
 
 
@@ -56,10 +57,12 @@ def test_a_truncated_safetensors_file(tmp_path: Path) -> None:
 
 def test_unknown_architectures() -> None:
     with pytest.raises(ModelError) as info:
-        check_architecture({"model_type": "nosuchformer"}, trust_remote_code=False)
+        check_architecture(ModelConfig.model_validate({"model_type": "nosuchformer"}),
+                           trust_remote_code=False)
     assert info.value.problem == ("unsupported architecture: model_type 'nosuchformer' is "
                                   "unknown to transformers")
     with pytest.raises(ModelError) as info:
-        check_architecture({"model_type": "nosuchformer", "auto_map": {"A": "m.M"}},
+        check_architecture(ModelConfig.model_validate(
+            {"model_type": "nosuchformer", "auto_map": {"A": "m.M"}}),
                            trust_remote_code=False)
     assert info.value.hint == "if you trust it set `trust_remote_code: true` in the recipe"
