@@ -6,7 +6,7 @@ set -u
 cd "$(dirname "$0")/.."
 names=("$@")
 [ ${#names[@]} -eq 0 ] && names=(gptq-asym gptq-asym-mse gptq-asym-imatrix rtn-asym gptq-asym-weight \
-  gptq-asym-128x512 gptq-asym-damp05 rtn-asym-mse gptq-asym-imatrix-weight autoround-asym \
+  gptq-asym-128x512 gptq-asym-damp05 rtn-asym-mse gptq-asym-imatrix-weight autoround-sym \
   awq-gptq-asym gptq-asym-128x2048)
 mkdir -p runs/sweep
 for n in "${names[@]}"; do

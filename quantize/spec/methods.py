@@ -30,6 +30,8 @@ class Method:
     source: str  # where the algorithm comes from
     # (module, pip requirement) of a package the method needs beyond the engine's own
     requires: tuple[str, str] | None = None
+    # why the method cannot take an asymmetric grid through its engine (None: it can)
+    symmetric_only: str | None = None
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
@@ -41,7 +43,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "round to nearest; llm-compressor QuantizationModifier"),
     Method("autoround", "AutoRound", True, False, True, True, ("autoround",),
            "Cheng et al., arXiv:2309.05516; llm-compressor AutoRoundModifier (auto-round)",
-           requires=("auto_round", "auto-round==0.15.1")),
+           requires=("auto_round", "auto-round==0.15.1"),
+           symmetric_only="llm-compressor 0.14's AutoRoundModifier writes back AutoRound's "
+           "scales but not its zero points (modifiers/autoround/base.py _postprocess_qparams), "
+           "so an asymmetric export keeps untuned zero points (41.6% perplexity recovery "
+           "measured on the default model)"),
     Method("awq+gptq", "AWQ+GPTQ", True, True, True, True, ("awq", "gptq"),
            "AWQ smoothing, then GPTQ on the smoothed weights (llm-compressor composes them)"),
 )}

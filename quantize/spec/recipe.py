@@ -253,6 +253,10 @@ class Recipe(Strict):
                 takes = [m for m, info_ in METHODS.items() if opt in info_.options]
                 raise ValueError(f"`{opt}:` options given but method is {self.method}; "
                                  f"remove them or set method: {' or '.join(takes)}")
+        if method.symmetric_only and not info.symmetric:
+            raise ValueError(f"{method.label} cannot use the asymmetric scheme {self.scheme} "
+                             f"({method.symmetric_only}); use scheme W4A16 (symmetric), or "
+                             "method gptq for an asymmetric grid")
         if self.observer is not None and self.method == "autoround":
             raise ValueError("AutoRound tunes its own scales; remove `observer` (it applies "
                              "to gptq, awq, awq+gptq and rtn)")

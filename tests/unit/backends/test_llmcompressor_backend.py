@@ -110,12 +110,13 @@ def test_default_observer_is_the_librarys() -> None:
 
 
 def test_autoround_is_one_modifier_with_its_options() -> None:
-    r = _recipe(BASE + "method: autoround\nautoround: {iters: 50, batch_size: 4}\n")
+    r = _recipe(BASE.replace("W4A16_ASYM", "W4A16") +
+                "method: autoround\nautoround: {iters: 50, batch_size: 4}\n")
     (ar,) = build_modifiers(r, 64)
     assert type(ar).__name__ == "AutoRoundModifier"
     assert (ar.iters, ar.batch_size, ar.enable_torch_compile, ar.lr) == (50, 4, False, None)
     w = _weights(ar)
-    assert (w.num_bits, w.symmetric, w.group_size) == (4, False, 64)
+    assert (w.num_bits, w.symmetric, w.group_size) == (4, True, 64)
 
 
 def test_awq_then_gptq_composes_the_two_modifiers() -> None:

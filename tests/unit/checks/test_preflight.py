@@ -252,7 +252,7 @@ def test_autoround_without_its_package_is_refused_before_calibration(
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "auto_round" else real(name, *a))
-    r = Recipe(name="ar", description="d", method="autoround", scheme="W4A16_ASYM",
+    r = Recipe(name="ar", description="d", method="autoround", scheme="W4A16",
                group_size=64)
     with pytest.raises(BackendUnavailable, match=r"needs the package 'auto-round==0\.15\.1'.*"
                        r"pip install auto-round==0\.15\.1") as exc:

@@ -74,6 +74,8 @@ def test_good_recipe(recipe_file) -> None:  # type: ignore[no-untyped-def]
         (GOOD + "gptq: {actorder: sideways}\n", 6, "gptq.actorder", None),
         (GOOD.replace("method: gptq", "method: autoround").replace("W4A16", "W8A8").replace(
             "group_size: 64\n", ""), 1, "AutoRound is weight-only", "Use W4A16_ASYM/W4A16"),
+        (GOOD.replace("method: gptq", "method: autoround").replace("W4A16", "W4A16_ASYM"), 1,
+         "AutoRound cannot use the asymmetric scheme W4A16_ASYM", "use scheme W4A16"),
         (GOOD.replace("method: gptq", "method: awq+gptq") + "autoround: {iters: 5}\n", 1,
          "`autoround:` options given but method is awq+gptq", "set method: autoround"),
         (GOOD.replace("name: x", "name: other"), None,
