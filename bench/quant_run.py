@@ -66,7 +66,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         "pipeline does on a GPU")
     p.add_argument("--sdpa", action="store_true",
                    help="attention through SDPA in the traced layers (_gpu_fast."
-                        "sdpa_in_traced_layers; not what the pipeline does yet)")
+                        "sdpa_in_traced_layers; what the pipeline does on a GPU)")
+    p.add_argument("--gpu-free-gib", type=float, default=None,
+                   help="pipeline only: the memory check sees at most this much free GPU "
+                        "memory (a smaller card), so it picks its memory-saving placement")
     p.add_argument("--torch-profile", default=None,
                    help="append torch.profiler tables of a few layer forwards to this file")
     p.add_argument("--no-profile", action="store_true")
@@ -88,6 +91,12 @@ def check_args(a: argparse.Namespace) -> None:
 def run_pipeline(a: argparse.Namespace) -> dict[str, Any]:
     from quantize.pipeline import RunOptions, run
 
+    if a.gpu_free_gib is not None:  # emulate a smaller card for the memory check only
+        import quantize.checks.resources as res
+
+        real = res.gpu_free_bytes
+        res.gpu_free_bytes = lambda: min(real(), int(a.gpu_free_gib * 2**30))
+
     pipe = run(RunOptions(recipe=a.recipe, model=a.model, dataset=a.calib, out=Path(a.out),
                           until="export", device=a.device))
     stages = pipe.manifest["stages"]
@@ -97,8 +106,10 @@ def run_pipeline(a: argparse.Namespace) -> dict[str, Any]:
             "stage_s": {k: v["duration_s"] for k, v in stages.items()},
             # what the pipeline chose, so the row says which oneshot row it matches
             "batch_size": stages["quantize"]["summary"].get("batch_size", 1),
-            **({"tf32": True, "offload_device": "cuda", "fast_hessian": True, "no_mask": True}
-               if a.device == "cuda" else {})}
+            "weights": stages["quantize"]["summary"].get("weights"),
+            "gpu_placement": pipe.facts.get("memory", {}).get("gpu_placement"),
+            **({"tf32": True, "offload_device": "cuda", "fast_hessian": True, "no_mask": True,
+                "sdpa": True} if a.device == "cuda" else {})}
 
 
 def calibration_samples(recipe_name: str, calib: str, model: str) -> list[list[int]]:
@@ -215,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         "calib": a.calib, "batch_size": a.batch_size, "offload_device": a.offload_device,
         "load_device": a.load_device or a.device, "tf32": a.tf32, "device": a.device,
         "fast_hessian": a.fast_hessian, "no_mask": a.no_mask, "sdpa": a.sdpa,
+        "gpu_free_gib_cap": a.gpu_free_gib,
         "profiled": prof is not None, "wall_s": round(wall, 2), **result,
         "gpu_peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda
         else None,
