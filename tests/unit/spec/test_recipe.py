@@ -32,6 +32,17 @@ def test_every_shipped_recipe_loads_and_names_its_file() -> None:
         assert "lm_head" in r.ignore
 
 
+def test_bench_variant_recipes_load() -> None:
+    """The 4-bit sweep's variants (bench/variants) are recipes too: one that does not parse
+    costs a lent-GPU call (the autoround-sym description once held a bare `: `)."""
+    from pathlib import Path
+
+    files = sorted((Path(__file__).parents[3] / "bench" / "variants").glob("*.yaml"))
+    assert len(files) >= 10
+    for f in files:
+        assert load_recipe(str(f)).name == f.stem
+
+
 def test_shipped_specs_and_suites_load() -> None:
     for name in available("calibration"):
         spec, _ = load_calibration(name)
