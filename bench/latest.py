@@ -20,6 +20,14 @@ PAIRS = [("gptq-int4", "gptq pipeline 128x2048", "gptq oneshot same-settings 128
 PIPE, SAME, KNOBS, DEFAULTS = ("gptq pipeline 128x2048", "gptq oneshot same-settings 128x2048",
                                "gptq oneshot knobs-only 128x2048",
                                "gptq oneshot library-defaults 128x2048")
+# goal 3's other side: the same pipeline row when the memory check sees a 24 GiB card
+MEMORY = "gptq pipeline 128x2048 24GiB card"
+# bench/gpu_session.py's quant_run rows under the labels of bench/run_gpu.py's issue20 plan
+SESSION_LABELS = {"8b-gptq-pipeline-128": PIPE, "8b-gptq-oneshot-same-128": SAME,
+                  "8b-gptq-pipeline-24gib": MEMORY, "8b-fp8-pipeline": "fp8 pipeline",
+                  "8b-fp8-oneshot": "fp8 oneshot same-settings",
+                  "8b-gptq-pipeline-32": "gptq pipeline 32x2048",
+                  "8b-gptq-oneshot-same-32": "gptq oneshot same-settings 32x2048"}
 
 
 def _r(x: float | None, n: int = 2) -> float | None:
@@ -82,6 +90,13 @@ def build(results: dict[str, Any]) -> dict[str, Any]:
                                              {}).get("groups_s"),
             "loss_ratio": _ratio(get("gptq oneshot same-settings 32x2048", "gptq_loss_sum"),
                                  get("gptq oneshot knobs-only 32x2048", "gptq_loss_sum"), 5)},
+        "memory_placement_128x2048": {
+            "gpu_free_gib_seen": get(MEMORY, "gpu_free_gib_cap"),
+            "placement": get(MEMORY, "gpu_placement"), "wall_s": get(MEMORY, "wall_s"),
+            "gpu_peak_gib": get(MEMORY, "gpu_peak_alloc_gib"),
+            "rss_peak_gib": get(MEMORY, "rss_peak_gib"),
+            "gptq_loss_ratio_vs_resident": _ratio(get(MEMORY, "gptq_loss_sum"), loss_p, 5),
+            "phases_s": by.get(MEMORY, {}).get("groups_s")},
         "batch1_128x2048": {"wall_s": get("gptq oneshot same-settings bs1 128x2048", "wall_s"),
                             "gpu_peak_gib": get("gptq oneshot same-settings bs1 128x2048",
                                                 "gpu_peak_alloc_gib")},
@@ -99,6 +114,35 @@ def build(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def merge_session(results: dict[str, Any], rows: list[dict[str, Any]], setup: dict[str, Any],
+                  when: str, source: str = "") -> dict[str, Any]:
+    """Put a later gpu_session call's rows over an earlier results.json: rows with the same
+    label are replaced (the new row keeps the old one's compute floor, a property of the
+    card and the model, noting where it came from); `row_calls` then says which call
+    measured each row, and `env` is the newer call's."""
+    runs = {r["label"]: r for r in results.get("runs", [])}
+    for row in rows:
+        label = SESSION_LABELS.get(row.get("label", ""))
+        if label is None or "wall_s" not in row or row.get("error"):
+            continue
+        old = runs.get(label, {})
+        new = {**row, "label": label, "session_label": row["label"], "call": when}
+        if "floor" in old and "floor" not in new:
+            new["floor"] = {**old["floor"], "from_call": old.get("call", "earlier call")}
+        runs[label] = new
+    for r in runs.values():
+        r.setdefault("call", results.get("env", {}).get("date", "earlier call"))
+    env = {**results.get("env", {}), "date": when, "quantize_source": source,
+           "gpu": setup.get("gpu") or
+           results.get("env", {}).get("gpu"),
+           **{k: setup[m] for k, m in (("torch", "torch"), ("transformers", "transformers"),
+                                       ("llmcompressor", "llmcompressor"),
+                                       ("compressed-tensors", "compressed_tensors"))
+              if m in setup}}
+    return {**results, "env": env, "earlier_env": results.get("env"),
+            "runs": list(runs.values())}
+
+
 def write(results: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(build(results), indent=1) + "\n")
@@ -108,8 +152,22 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("results", type=Path)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--session-rows", type=Path, default=None,
+                   help="bench/gpu_session.py's rows.json to lay over RESULTS")
+    p.add_argument("--session-setup", type=Path, default=None, help="its setup.json")
+    p.add_argument("--when", default="", help="the session call's date (UTC)")
+    p.add_argument("--source", default="", help="the commit the session call ran")
+    p.add_argument("--merged-out", type=Path, default=None,
+                   help="also write the merged results.json here")
     a = p.parse_args()
-    write(json.loads(a.results.read_text()), a.out)
+    results = json.loads(a.results.read_text())
+    if a.session_rows:
+        setup = json.loads(a.session_setup.read_text()) if a.session_setup else {}
+        results = merge_session(results, json.loads(a.session_rows.read_text()), setup,
+                                a.when, a.source)
+        if a.merged_out:
+            a.merged_out.write_text(json.dumps(results, indent=1) + "\n")
+    write(results, a.out)
 
 
 if __name__ == "__main__":

@@ -120,12 +120,15 @@ def fast_hessian(enabled: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def sdpa_in_traced_layers(model: Any, enabled: bool) -> Iterator[None]:
-    """Opt-in, not yet measured on a GPU (bench/RESULTS.md, "next step"): llm-compressor's
+    """The pipeline's GPU default since 2026-12-02 (bench/RESULTS.md): llm-compressor's
     sequential pipeline runs attention through the modeling module's
     `eager_attention_forward` although the loaded model says `sdpa` (an H200 profile of one
     Llama-3.1-8B layer at 8 x 2048 tokens: softmax, fp32 casts, mask add and bmm took about
     15 of 25.6 ms). This swaps that module function for transformers' SDPA one during one
-    `oneshot`; anything but a model loaded with sdpa is left alone."""
+    `oneshot`; anything but a model loaded with sdpa is left alone. Measured on the H200,
+    8B, 128 x 2048 tokens: forward 28.0 -> 18.1 s, quantize stage 65.4 -> 52.9 s, GPU peak
+    30.2 -> 21.7 GiB (no fp32 score matrices), GPTQ loss sum 0.99998x plain oneshot's
+    with eager attention and otherwise the same settings."""
     import sys
 
     mod = sys.modules.get(type(model).__module__)
