@@ -164,12 +164,14 @@ def load_model(job: QuantizeJob, dtype: Any) -> Any:
         import psutil  # load_offloaded_model would ask a missing accelerator for its memory
 
         kwargs["max_memory"] = {"cpu": int(psutil.virtual_memory().available)}
+    from quantize.model.moe import linearize  # MoE: per-expert Linears, one layer at a time
+
     if not plan.offloaded_context:
-        return AutoModelForCausalLM.from_pretrained(job.model_path, **kwargs)
+        return linearize(AutoModelForCausalLM.from_pretrained(job.model_path, **kwargs))
     from compressed_tensors.offload import load_offloaded_model
 
     with load_offloaded_model():
-        return AutoModelForCausalLM.from_pretrained(job.model_path, **kwargs)
+        return linearize(AutoModelForCausalLM.from_pretrained(job.model_path, **kwargs))
 
 
 def calibrate(model: Any, tokenizer: Any, job: QuantizeJob, samples: list[list[int]],

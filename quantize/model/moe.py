@@ -200,19 +200,27 @@ def transformers_load_problem(config: ModelConfig) -> str | None:
 
 def linearize(model: Any) -> Any:
     """Replace transformers 5's fused 3-D expert tensors with one nn.Linear per expert
-    projection (`experts.<i>.gate_proj/up_proj/down_proj`), the layout exports are written
-    in, so a model built from config takes an export's per-expert tensors. llm-compressor's
-    own linearization (the one its calibration applies); a dense model is returned as is."""
+    projection (`experts.<i>.gate_proj/up_proj/down_proj`): the form calibration needs and
+    the layout exports are written in. llm-compressor's own per-expert modules
+    (`LinearExperts2D.from_experts_module`), applied one MoE layer at a time: its
+    `linearize_moe` (what `oneshot` falls back to for a fused model) holds every fused module
+    until the last one is replaced, so the experts sit in memory twice (Qwen3-30B-A3B on an
+    H200: 110.97 GiB GPU peak for 56.9 GiB of weights, pipeline and plain oneshot alike).
+    Here each fused module is released as soon as its replacement is in (bench/moe_load.py
+    measures both on the CPU). Its `load_quantizable_moe` would avoid the copy entirely, but
+    in transformers 5.17 it imports every model's image processor (torchvision, which this
+    project does not install). A dense model is returned as is."""
     if not is_moe(model):
         return model
-    from llmcompressor.modeling.moe.linearize import linearize_moe
-    from loguru import logger
+    from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
+    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes
 
-    logger.disable("llmcompressor")  # it warns that linearizing after load is slow
-    try:
-        linearize_moe(model)
-    finally:
-        logger.enable("llmcompressor")
+    names = [name for name, _ in get_non_linearized_moes(model)]
+    for name in names:
+        fused = model.get_submodule(name)
+        make = LinearExperts2D.get_linear_experts_cls(fused.__class__).from_experts_module
+        model.set_submodule(name, make(fused, getattr(fused, "config", model.config)))
+        del fused  # the only reference left: its tensors go now, not after the last layer
     return model
 
 
