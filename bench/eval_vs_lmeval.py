@@ -5,7 +5,8 @@ measured in the same run). Issue 20, goal 4.
 
   python -m bench.eval_vs_lmeval [--model DIR] [--tokens 8192] [--seq-len 1024] [--batch 8]
       [--device cpu|cuda] [--dtype auto|float32|bfloat16|float16] [--reps 2]
-      [--rows lm_eval,quantize_lmeval_windows,quantize_eval,before] [--json-out r.json]
+      [--rows lm_eval,quantize_lmeval_windows,quantize_eval,before[,quantize_compiled]]
+      [--json-out r.json]
 
 Rows (each run once to warm up, untimed, then --reps times in rotating order; best kept):
 - lm_eval: lm-eval's rolling log-likelihood of the text. Its windows: the text's tokens
@@ -22,6 +23,9 @@ Rows (each run once to warm up, untimed, then --reps times in rotating order; be
   perplexity is a slightly different number; same batch, one token less per row fed).
 - before: the loop `quantize eval` used before issue 20's change (full logits, mask on the
   last batch, a host sync per window), on quantize_eval's windows: the before/after.
+- quantize_compiled (opt-in, GPU): quantize_lmeval_windows with each decoder layer through
+  torch.compile (`window_nll(compile_layers=True)`); its warm-up (`first_s`) holds the
+  compilation. Not what `quantize eval` runs: measured to decide whether it should.
 
 Each row's time is the wall time of the whole call (tokenisation included, as lm-eval's
 includes its own), the device synchronised at both ends. The model is loaded once with SDPA
@@ -40,7 +44,8 @@ from typing import Any
 
 from bench.flops import Dims, forward_flops
 
-ROWS = ("lm_eval", "quantize_lmeval_windows", "quantize_eval", "before")
+ROWS = ("lm_eval", "quantize_lmeval_windows", "quantize_eval", "before", "quantize_compiled")
+DEFAULT_ROWS = ROWS[:4]
 
 
 def matmul_tflops(device: str, dtype: Any, n: int = 2048, reps: int = 5) -> float:
@@ -134,15 +139,19 @@ class Paths:
         (ll,) = self.lm.loglikelihood_rolling([req], disable_tqdm=True)
         return math.exp(-ll / self.lm_counts[0]), *self.lm_counts
 
-    def quantize_lmeval_windows(self) -> tuple[float, int, int]:
+    def quantize_lmeval_windows(self, compile_layers: bool = False) -> tuple[float, int, int]:
         import torch
 
         from quantize.model.nll import window_nll
 
         ids, wins = lmeval_windows(self.lm, self.text)
-        sums = window_nll(self.model, torch.tensor(ids, dtype=torch.long), wins, self.a.batch)
+        sums = window_nll(self.model, torch.tensor(ids, dtype=torch.long), wins, self.a.batch,
+                          compile_layers=compile_layers)
         n = sum(s for _, _, s in wins)
         return math.exp(sum(sums) / n), n, len(wins)
+
+    def quantize_compiled(self) -> tuple[float, int, int]:
+        return self.quantize_lmeval_windows(compile_layers=True)
 
     def quantize_eval(self) -> tuple[float, int, int]:
         from quantize.metrics import perplexity
@@ -161,12 +170,20 @@ class Paths:
         return math.exp(sum(sums) / n), n, len(wins)
 
 
-def timed(fn: Any, device: str) -> tuple[float, tuple[float, int, int]]:
+def timed(fn: Any, device: str) -> tuple[float, tuple[float, int, int], float | None]:
+    """(seconds, fn's result, device memory peak above the model's GiB on cuda)."""
+    import torch
+
     sync(device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
     t0 = time.perf_counter()
     out = fn()
     sync(device)
-    return time.perf_counter() - t0, out
+    seconds = time.perf_counter() - t0
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**30 if device == "cuda" else None
+    return seconds, out, peak
 
 
 def versions() -> dict[str, str]:
@@ -192,7 +209,8 @@ def main() -> None:
     p.add_argument("--dtype", default="auto",
                    help="auto (float32 on cpu, bfloat16 on cuda), float32, bfloat16, float16")
     p.add_argument("--reps", type=int, default=2, help="timed repetitions per row (best kept)")
-    p.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated subset of {ROWS}")
+    p.add_argument("--rows", default=",".join(DEFAULT_ROWS),
+                   help=f"comma-separated subset of {ROWS}")
     p.add_argument("--json-out", default=None)
     a = p.parse_args()
     rows = [r for r in a.rows.split(",") if r]
@@ -209,8 +227,10 @@ def main() -> None:
     name = {"auto": "float32" if a.device == "cpu" else "bfloat16"}.get(a.dtype, a.dtype)
     dtype = getattr(torch, name)
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-    model = model.to(a.device).eval()
+    # straight to the GPU (no 16 GB host copy first); SDPA attention for every row
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="sdpa",
+        device_map=a.device if a.device == "cuda" else None).eval()
     # the same text for every row: the first `tokens` tokens of the shipped eval text
     full = BUILTIN_EVAL_TEXT["wiki-eval"].read_text(encoding="utf-8")
     ids = tok(full, add_special_tokens=False)["input_ids"][: a.tokens]
@@ -224,12 +244,12 @@ def main() -> None:
     floor_s = forward_flops(d, a.tokens, a.seq_len) / (rate * 1e12)
     res: dict[str, dict[str, Any]] = {}
     for r in rows:  # warm-up: first-call costs (cuBLAS/SDPA set-up, allocator growth)
-        s, (ppl, n, w) = timed(getattr(paths, r), a.device)
+        s, (ppl, n, w), peak = timed(getattr(paths, r), a.device)
         res[r] = {"ppl": ppl, "scored_tokens": n, "windows": w, "first_s": round(s, 3),
-                  "times_s": []}
+                  "times_s": [], "peak_gib_above_model": peak and round(peak, 2)}
     for rep in range(a.reps):  # rotating order: no row always runs first or after another
         for r in rows[rep % len(rows):] + rows[: rep % len(rows)]:
-            s, _ = timed(getattr(paths, r), a.device)
+            s, _, _ = timed(getattr(paths, r), a.device)
             res[r]["times_s"].append(round(s, 3))
     for v in res.values():
         v["seconds"] = min(v["times_s"]) if v["times_s"] else v["first_s"]
@@ -254,6 +274,10 @@ def main() -> None:
         "ratio": ratio, "lm_eval_over_quantize": ratio,  # the key bench/latest.py reads
         "ppl_ours": ours["ppl"] if ours else None, "ppl_lmeval": lm["ppl"] if lm else None,
         "ppl_rel_diff": rel,
+        "compiled_ratio": round(lm["seconds"] / res["quantize_compiled"]["seconds"], 3)
+        if lm and "quantize_compiled" in res else None,
+        "compiled_ppl_rel_diff": abs(res["quantize_compiled"]["ppl"] - lm["ppl"]) / lm["ppl"]
+        if lm and "quantize_compiled" in res else None,
         "scored_tokens": {r: v["scored_tokens"] for r, v in res.items()},
         "windows": {r: v["windows"] for r, v in res.items()},
         "lm_eval_over_before": round(lm["seconds"] / res["before"]["seconds"], 3)
@@ -262,11 +286,13 @@ def main() -> None:
         if lm and "quantize_eval" in res else None,
         "rows": res,
     }
-    print("| path | windows | scored tokens | ppl | first s | best s | tokens/s | ×floor |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| path | windows | scored tokens | ppl | first s | best s | tokens/s | ×floor "
+          "| peak GiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r, v in res.items():
         print(f"| {r} | {v['windows']} | {v['scored_tokens']} | {v['ppl']:.4f} | "
-              f"{v['first_s']} | {v['seconds']} | {v['tokens_per_s']} | {v['x_floor']} |")
+              f"{v['first_s']} | {v['seconds']} | {v['tokens_per_s']} | {v['x_floor']} | "
+              f"{v['peak_gib_above_model']} |")
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(result, indent=1))
