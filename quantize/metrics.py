@@ -114,21 +114,6 @@ def perplexity_result(spec: MetricSpec, wins: list[tuple[int, int, int]],
     )
 
 
-def _long_nll(model: Any, all_ids: Any, wins: list[tuple[int, int, int]]) -> list[float]:
-    """One window at a time, logits only for the scored positions (an 8k window's full
-    [seq, vocab] logits would be 1.6 GB in fp32)."""
-    import torch
-
-    device = next(model.parameters()).device
-    sums = []
-    for b, e, scored in wins:
-        inp = all_ids[b:e].unsqueeze(0).to(device)
-        logits = model(input_ids=inp, logits_to_keep=scored + 1).logits[0, :scored]
-        sums.append(float(torch.nn.functional.cross_entropy(
-            logits.float(), inp[0, e - b - scored:], reduction="sum")))
-    return sums
-
-
 def perplexity(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int) -> Score:
     """Token-level perplexity: exp(mean NLL per predicted token) over the first max_tokens
     tokens of the text (token perplexity, not lm-eval's word perplexity)."""
@@ -137,11 +122,10 @@ def perplexity(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int) ->
     ids, wins = token_windows(tokenizer, spec)
     all_ids = torch.tensor(ids, dtype=torch.long)
     t0 = time.perf_counter()
-    if spec.kind == "long_perplexity":
-        with torch.inference_mode():
-            nll_sums = _long_nll(model, all_ids, wins)
-    else:  # batched windows without full logits or per-window host syncs
-        nll_sums = window_nll(model, all_ids, wins, batch_size)
+    # batched windows without full logits or per-window host syncs; long_perplexity's
+    # windows one at a time (an 8k window's activations are the memory to watch)
+    nll_sums = window_nll(model, all_ids, wins,
+                          1 if spec.kind == "long_perplexity" else batch_size)
     return perplexity_result(spec, wins, nll_sums, time.perf_counter() - t0)
 
 

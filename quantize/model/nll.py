@@ -82,13 +82,16 @@ def compiled_layers(decoder: Any) -> Iterator[None]:
 
 def _plan(wins: list[Window], batch_size: int) -> tuple[list[list[int]], list[int]]:
     """Per batch, the host-side index vectors (flattened input gather, scored positions in
-    the flattened [rows * longest] output, target token indices, window numbers) and each
-    batch's (rows, longest) shape, all in one list for a single host-to-device copy."""
+    the flattened [rows, keep] output, target token indices, window numbers) and each
+    batch's (rows, longest, keep) shape: `keep` is how many of the padded rows' last
+    positions hold every scored one (the whole row for disjoint windows, the tail for
+    long_perplexity's). All in lists for a single host-to-device copy."""
     parts: list[list[int]] = []
     shapes: list[int] = []
     for i in range(0, len(wins), batch_size):
         batch = wins[i: i + batch_size]
         longest = max(e - b - 1 for b, e, _ in batch)
+        keep = max(longest - (e - b - 1) + scored for b, e, scored in batch)
         gather: list[int] = []
         pos: list[int] = []
         tgt: list[int] = []
@@ -97,11 +100,12 @@ def _plan(wins: list[Window], batch_size: int) -> tuple[list[list[int]], list[in
             n = e - b - 1  # tokens fed
             # right padding with the row's own first token (any id works: never attended to)
             gather.extend(list(range(b, b + n)) + [b] * (longest - n))
-            pos.extend(range(j * longest + n - scored, j * longest + n))
+            first = j * keep + n - scored - (longest - keep)
+            pos.extend(range(first, first + scored))
             tgt.extend(range(e - scored, e))
             row.extend([i + j] * scored)
         parts += [gather, pos, tgt, row]
-        shapes += [len(batch), longest]
+        shapes += [len(batch), longest, keep]
     return parts, shapes
 
 
@@ -132,17 +136,18 @@ def window_nll(model: Any, ids: Any, wins: list[Window], batch_size: int,
         raise ValueError(f"compile_layers: {type(model).__name__} is not in PLAIN_HEAD")
     compiled = compiled_layers(split[0]) if compile_layers and split else nullcontext()
     with torch.inference_mode(), compiled:
-        for k in range(len(shapes) // 2):
+        for k in range(len(shapes) // 3):
             gather, pos, tgt, row = idx[4 * k: 4 * k + 4]
-            rows, longest = shapes[2 * k], shapes[2 * k + 1]
+            rows, longest, keep = shapes[3 * k: 3 * k + 3]
             inp = ids_dev[gather].view(rows, longest)
             if split is not None:
                 decoder, head = split
-                out = decoder(input_ids=inp, use_cache=False).last_hidden_state
-            else:
+                out = decoder(input_ids=inp, use_cache=False).last_hidden_state[:, -keep:]
+            else:  # logits of the kept tail only (a 16k window's full logits: GBs)
                 head = None
-                out = model(input_ids=inp, use_cache=False).logits
-            out = out.reshape(rows * longest, -1)
+                kw = {"logits_to_keep": keep} if keep < longest else {}
+                out = model(input_ids=inp, use_cache=False, **kw).logits
+            out = out.reshape(rows * keep, -1)
             for c in range(0, len(pos), chunk):
                 sel = out[pos[c: c + chunk]]
                 logits = head(sel) if head is not None else sel

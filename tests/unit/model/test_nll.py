@@ -76,11 +76,13 @@ def test_head_chunks_cross_rows(model: Any, ids: Any, monkeypatch: pytest.Monkey
     assert close(nll.window_nll(model, ids, wins, 4), reference(model, ids, wins))
 
 
-def test_full_forward_fallback(model: Any, ids: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    # architectures outside PLAIN_HEAD (e.g. logit soft-capping) take model(...).logits
+@pytest.mark.parametrize("wins", WINDOWS, ids=["disjoint", "strided", "tail"])
+def test_full_forward_fallback(model: Any, ids: Any, wins: Any,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # architectures outside PLAIN_HEAD (e.g. logit soft-capping) take model(...).logits,
+    # of the rows' tails only where that is all that is scored (logits_to_keep)
     monkeypatch.setattr(nll, "PLAIN_HEAD", frozenset())
     assert nll.split_head(model) is None
-    wins = windows(700, 128, 128)
     assert close(nll.window_nll(model, ids, wins, 3), reference(model, ids, wins))
 
 
