@@ -105,3 +105,36 @@ def test_half_precision_model_matches_its_own_logits(ids: Any) -> None:
 def test_windows_that_do_not_fit_are_refused(model: Any, ids: Any, win: Any) -> None:
     with pytest.raises(ValueError, match="does not fit"):
         nll.window_nll(model, ids, [win], 1)
+
+
+def test_equals_lm_eval_rolling_loglikelihood_on_its_windows(tiny_model: Any) -> None:
+    """On lm-eval's own rolling windows (prefix token, one token of overlap, every token
+    scored) the loop gives lm-eval's number: bench/eval_vs_lmeval.py's like-for-like row."""
+    import torch
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quantize.metrics import BUILTIN_EVAL_TEXT
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    text = BUILTIN_EVAL_TEXT["wiki-eval"].read_text(encoding="utf-8")[:2500]
+    lm = HFLM(pretrained=model, tokenizer=tok, batch_size=3, max_length=128, device="cpu")
+    (ll,) = lm.loglikelihood_rolling(
+        [Instance(request_type="loglikelihood_rolling", doc={}, arguments=(text,), idx=0)],
+        disable_tqdm=True)
+    ids: list[int] = []
+    wins = []
+    for ctx, cont in map(make_disjoint_window, get_rolling_token_windows(
+            token_list=lm.tok_encode(text), prefix_token=lm.prefix_token_id,
+            max_seq_len=128, context_len=1)):
+        wins.append((len(ids), len(ids) + len(ctx) + len(cont), len(cont)))
+        ids += ctx + cont
+    # full windows of 128 inputs; the last one scores only the tokens left, after a context
+    assert len(wins) > 3 and wins[1][2] == 128 and 0 < wins[-1][2] < 128
+    assert {e - b for b, e, _ in wins} == {129}
+    got = nll.window_nll(model, torch.tensor(ids), wins, 3)
+    assert sum(s for *_, s in wins) == len(lm.tok_encode(text))
+    assert -sum(got) == pytest.approx(ll, rel=1e-5)
