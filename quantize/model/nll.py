@@ -6,12 +6,15 @@ window's last n_scored tokens are scored, each predicted from the tokens before 
 window. How it differs from `model(ids).logits` + a log-softmax over them, and why:
 
 - **No [batch, seq, vocab] logits.** A 128k vocabulary makes them the largest tensor of the
-  step (8 × 1024 × 128256 in fp32 is 4.2 GB). For the architectures in PLAIN_HEAD, whose
-  logits are exactly `lm_head(decoder(ids))`, the decoder runs alone and the head is applied
-  to the scored positions only, HEAD_ELEMENTS logits at a time; each chunk's logits come out
-  of the head in the model's dtype (the same numbers as `model(...).logits`) and are upcast
-  to fp32 for the cross-entropy, as before. Other architectures (logit soft-capping or
-  scaling, e.g. Gemma 2, Cohere, Granite) take the full forward and the same chunked loss.
+  step (8 × 1024 × 128256 in fp32 is 4.2 GB): little GPU time (memory-bound passes, about
+  2% of an 8B forward on an H200 by bandwidth), but memory a larger batch or window can use
+  and, on the CPU, passes over memory that does not fit any cache. For the architectures
+  in PLAIN_HEAD, whose logits are exactly `lm_head(decoder(ids))`, the decoder runs alone
+  and the head is applied to the scored positions only, HEAD_ELEMENTS logits at a time;
+  each chunk's logits come out of the head in the model's dtype (the same numbers as
+  `model(...).logits`) and are upcast to fp32 for the cross-entropy, as before. Other
+  architectures (logit soft-capping or scaling, e.g. Gemma 2, Cohere, Granite) take the
+  full forward and the same chunked loss.
 - **No host sync per window.** Each window's NLL is added into a float64 tensor on the
   model's device; one transfer at the end. Index tensors for all batches are built on the
   host up front and copied once (pinned, non-blocking), so the host keeps queueing the next
@@ -27,8 +30,9 @@ window. How it differs from `model(ids).logits` + a log-softmax over them, and w
 row, not used by the pipeline): each decoder layer runs through torch.compile for the call
 (one graph per batch shape, shared by all layers), fusing what eager mode runs as separate
 memory-bound kernels (RMSNorm's fp32 steps, rotary embedding, SiLU x up, residual adds:
-about a fifth of an 8B forward's time on an H200). It costs a compilation on the first call
-of each shape and changes the rounding of those fused steps, so CPU results would move.
+about a fifth of an 8B forward's time on an H200, estimated from their bytes). It costs a
+compilation on the first call of each shape and changes the rounding of the fused steps, so
+CPU results would move.
 """
 
 from __future__ import annotations
