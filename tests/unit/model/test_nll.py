@@ -138,3 +138,32 @@ def test_equals_lm_eval_rolling_loglikelihood_on_its_windows(tiny_model: Any) ->
     got = nll.window_nll(model, torch.tensor(ids), wins, 3)
     assert sum(s for *_, s in wins) == len(lm.tok_encode(text))
     assert -sum(got) == pytest.approx(ll, rel=1e-5)
+
+
+def test_compiled_layers_are_used_for_the_call_then_put_back(
+        model: Any, ids: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """compile_layers swaps each decoder layer for torch.compile's wrapper during the call
+    only (a counting stand-in here: inductor's compilation is the GPU bench's to time)."""
+    import torch
+
+    calls: list[int] = []
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            calls.append(1)
+            return self.inner(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: Wrapper(m))
+    layers = list(model.get_decoder().layers)
+    wins = windows(700, 128, 128)
+    got = nll.window_nll(model, ids, wins, 4, compile_layers=True)
+    assert len(calls) == 2 * len(layers)  # two batches through every layer
+    assert list(model.get_decoder().layers) == layers
+    assert close(got, reference(model, ids, wins))
+    with pytest.raises(ValueError, match="PLAIN_HEAD"):
+        monkeypatch.setattr(nll, "PLAIN_HEAD", frozenset())
+        nll.window_nll(model, ids, wins, 4, compile_layers=True)
