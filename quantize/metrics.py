@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from quantize.errors import EvalError, first_line
+from quantize.model.nll import window_nll
 from quantize.spec.recipe import MetricSpec
 from quantize.stages.calibrate import BUILTIN_TEXT, DATA_DIR, hub_texts
 from quantize.stages.results import (
@@ -113,55 +114,18 @@ def perplexity_result(spec: MetricSpec, wins: list[tuple[int, int, int]],
     )
 
 
-def _long_nll(model: Any, all_ids: Any, wins: list[tuple[int, int, int]]) -> list[float]:
-    """One window at a time, logits only for the scored positions (an 8k window's full
-    [seq, vocab] logits would be 1.6 GB in fp32)."""
-    import torch
-
-    device = next(model.parameters()).device
-    sums = []
-    for b, e, scored in wins:
-        inp = all_ids[b:e].unsqueeze(0).to(device)
-        logits = model(input_ids=inp, logits_to_keep=scored + 1).logits[0, :scored]
-        sums.append(float(torch.nn.functional.cross_entropy(
-            logits.float(), inp[0, e - b - scored:], reduction="sum")))
-    return sums
-
-
 def perplexity(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int) -> Score:
     """Token-level perplexity: exp(mean NLL per predicted token) over the first max_tokens
     tokens of the text (token perplexity, not lm-eval's word perplexity)."""
     import torch
 
     ids, wins = token_windows(tokenizer, spec)
-    device = next(model.parameters()).device
     all_ids = torch.tensor(ids, dtype=torch.long)
-    nll_sums: list[float] = []
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        if spec.kind == "long_perplexity":
-            nll_sums = _long_nll(model, all_ids, wins)
-            return perplexity_result(spec, wins, nll_sums, time.perf_counter() - t0)
-        for i in range(0, len(wins), batch_size):
-            batch = wins[i : i + batch_size]
-            longest = max(e - b for b, e, _ in batch)
-            inp = torch.zeros((len(batch), longest), dtype=torch.long)
-            mask = torch.zeros_like(inp)
-            for j, (b, e, _) in enumerate(batch):
-                inp[j, : e - b] = all_ids[b:e]
-                mask[j, : e - b] = 1
-            # Equal-length rows (every batch but the last) need no mask: without one the
-            # attention takes its plain causal path, as lm-eval's loglikelihood does.
-            same = all(e - b == longest for b, e, _ in batch)
-            kw = {} if same else {"attention_mask": mask.to(device)}
-            logits = model(input_ids=inp.to(device), **kw).logits
-            for j, (b, e, scored) in enumerate(batch):
-                n = e - b
-                # cross_entropy per row: no [batch, seq, vocab] log-softmax copy in memory
-                nll = torch.nn.functional.cross_entropy(
-                    logits[j, n - 1 - scored : n - 1].float(),
-                    inp[j, n - scored : n].to(device), reduction="sum")
-                nll_sums.append(float(nll))
+    # batched windows without full logits or per-window host syncs; long_perplexity's
+    # windows one at a time (an 8k window's activations are the memory to watch)
+    nll_sums = window_nll(model, all_ids, wins,
+                          1 if spec.kind == "long_perplexity" else batch_size)
     return perplexity_result(spec, wins, nll_sums, time.perf_counter() - t0)
 
 
