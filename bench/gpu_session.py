@@ -50,6 +50,13 @@ JOBS: dict[str, tuple[str, int, list[str]]] = {
     "moe-build": ("", 150, ["bench.make_model", "--preset", "qwen3-30b-a3b"]),
     "moe-gptq-pipeline": ("moe", 420, ["--mode", "pipeline", "--recipe", "gptq-int4",
                                        "--calib", C32]),
+    # all-expert calibration off (bench/variants/gptq-int4-routed.yaml), and plain oneshot
+    # with the pipeline's settings for the same-call comparison
+    "moe-gptq-routed-pipeline": ("moe", 300, ["--mode", "pipeline", "--recipe",
+                                              "bench/variants/gptq-int4-routed.yaml",
+                                              "--calib", C32]),
+    "moe-gptq-oneshot-same": ("moe", 300, ["--mode", "oneshot", "--recipe", "gptq-int4",
+                                           "--calib", C32, *SAME]),
     "moe-fp8-pipeline": ("moe", 150, ["--mode", "pipeline", "--recipe", "fp8-dynamic",
                                       "--calib", C32]),
     "moe-fp8-oneshot": ("moe", 150, ["--mode", "oneshot", "--recipe", "fp8-dynamic",

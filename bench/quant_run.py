@@ -173,7 +173,8 @@ def run_oneshot(a: argparse.Namespace, prof: profiler.Prof | None) -> dict[str, 
         kwargs = {"dataset": ds, "num_calibration_samples": len(samples),
                   "max_seq_length": max(len(s) for s in samples),
                   "shuffle_calibration_samples": False, "batch_size": a.batch_size,
-                  "sequential_offload_device": a.offload_device}
+                  "sequential_offload_device": a.offload_device,
+                  "moe_calibrate_all_experts": recipe.calibrate_all_experts}
     out = Path(a.out)
     with fast_hessian(a.fast_hessian), sdpa_in_traced_layers(model, a.sdpa):
         oneshot(model=model, processor=tokenizer,  # type: ignore[arg-type]

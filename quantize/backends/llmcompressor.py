@@ -38,6 +38,7 @@ class OneshotArgs(TypedDict, total=False):
     shuffle_calibration_samples: bool
     batch_size: int
     sequential_offload_device: str
+    moe_calibrate_all_experts: bool
 
 
 def _scheme(name: str, targets: list[str], group_size: int | None,
@@ -189,7 +190,8 @@ def calibrate(model: Any, tokenizer: Any, job: QuantizeJob, samples: list[list[i
         ds = Dataset.from_dict(calibration_columns(samples, gpu))
         kwargs = {"dataset": ds, "num_calibration_samples": len(samples),
                   "max_seq_length": max(len(s) for s in samples),
-                  "shuffle_calibration_samples": False, "batch_size": job.batch_size}
+                  "shuffle_calibration_samples": False, "batch_size": job.batch_size,
+                  "moe_calibrate_all_experts": recipe.calibrate_all_experts}
     if job.device != "cpu":
         kwargs.update(_gpu_speedups(offload=job.placement == "onload+offload"))
     try:

@@ -110,17 +110,6 @@ class RoutingCounter:
                 for n, c in self.counts.items()]
 
 
-def _all_experts_flag() -> bool:
-    """Whether llm-compressor calibrates every expert on every token (oneshot's default,
-    `moe_calibrate_all_experts=True`, which this project does not change)."""
-    import inspect
-
-    from llmcompressor import oneshot
-
-    param = inspect.signature(oneshot).parameters.get("moe_calibrate_all_experts")
-    return bool(param is not None and param.default is True)
-
-
 @contextlib.contextmanager
 def calibration(model: Any, job: QuantizeJob, out: Path) -> Iterator[QuantizeJob]:
     """The job to calibrate with (routers added to its ignore list); writes coverage."""
@@ -136,6 +125,7 @@ def calibration(model: Any, job: QuantizeJob, out: Path) -> Iterator[QuantizeJob
     with RoutingCounter(routers, _top_k(model)) as counter:
         yield job
     cov = ExpertCoverage(calibrated=recipe.needs_calibration,
-                         all_experts_calibrated=recipe.needs_calibration and _all_experts_flag(),
+                         all_experts_calibrated=recipe.needs_calibration
+                         and recipe.calibrate_all_experts,
                          layers=counter.layers())
     atomic_write_json(out / COVERAGE_FILE, cov.model_dump(mode="json"))

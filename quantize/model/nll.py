@@ -77,7 +77,7 @@ def compiled_layers(decoder: Any) -> Iterator[None]:
     orig = list(layers)
     try:
         for i, layer in enumerate(orig):
-            layers[i] = torch.compile(layer, dynamic=False)
+            layers[i] = torch.compile(layer, dynamic=False)  # type: ignore[assignment]
         yield
     finally:
         for i, layer in enumerate(orig):

@@ -219,6 +219,10 @@ class Recipe(Strict):
     calibration: Name | CalibrationSpec = "wiki"
     eval: EvalRef = Field(default_factory=EvalRef)
     trust_remote_code: bool = False
+    calibrate_all_experts: bool = Field(
+        default=True, description="MoE: every expert's layers see every calibration token "
+        "(llm-compressor's moe_calibrate_all_experts); false: only the tokens the router "
+        "sends them, as in serving (an expert nobody routes to is then never calibrated)")
     batch_size: Annotated[int, Field(ge=1, le=512)] | Literal["auto"] = Field(
         default="auto",
         description="calibration forward batch size; auto: 8 on a GPU when every sample has "
@@ -253,6 +257,10 @@ class Recipe(Strict):
                 takes = [m for m, info_ in METHODS.items() if opt in info_.options]
                 raise ValueError(f"`{opt}:` options given but method is {self.method}; "
                                  f"remove them or set method: {' or '.join(takes)}")
+        if not self.calibrate_all_experts and self.backend != "llmcompressor":
+            raise ValueError(f"calibrate_all_experts: false is an llm-compressor option; the "
+                             f"{self.backend} engine has no such switch. Remove it or use "
+                             "backend: llmcompressor")
         if method.symmetric_only and not info.symmetric:
             raise ValueError(f"{method.label} cannot use the asymmetric scheme {self.scheme} "
                              f"({method.symmetric_only}); use scheme W4A16 (symmetric), or "
