@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -131,10 +132,28 @@ def test_one_conversion_when_threads_race_on_a_fresh_cache(
     gguf.write_bytes(b"gguf")
     monkeypatch.setattr(source, "_gguf_path", lambda: gguf)
     calls: list[int] = []
+    # the converter holds the lock until the three others have said they wait (a fixed
+    # sleep let a loaded machine start them after it had finished: no one waited)
+    from quantize.run import lock
+
+    waiting = threading.Semaphore(0)
+    say_waiting = lock._say_waiting
+
+    def counted(what: str, path: Path) -> Callable[[str], None]:
+        say = say_waiting(what, path)
+
+        def say_and_count(holder: str) -> None:
+            say(holder)
+            waiting.release()
+        return say_and_count
+
+    monkeypatch.setattr(lock, "_say_waiting", counted)
 
     def convert(_g: Path, out: Path) -> None:
         calls.append(1)
-        time.sleep(0.5)
+        for _ in range(3):
+            if not waiting.acquire(timeout=60):
+                raise TimeoutError("the other callers never waited for the lock")
         (out / "config.json").write_text('{"model_type": "llama"}')
 
     monkeypatch.setattr(source, "_convert_gguf", convert)
