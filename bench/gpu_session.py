@@ -83,6 +83,11 @@ JOBS: dict[str, tuple[str, int, list[str]]] = {
                                        "--calib", C32]),
     "8b-gptq-oneshot-same-32": ("8b", 55, ["--mode", "oneshot", "--recipe", "gptq-int4",
                                            "--calib", C32, *SAME]),
+    # issue 20 goal 4: our perplexity loop against lm-eval's HF path on lm-eval's windows
+    "8b-eval-lmeval": ("8b", 110, ["bench.eval_vs_lmeval", "--device", "cuda", "--dtype",
+                                   "bfloat16", "--tokens", "32768", "--seq-len", "1024",
+                                   "--batch", "8", "--reps", "3", "--rows",
+                                   "lm_eval,quantize_lmeval_windows,quantize_eval,before"]),
     "8b-nvfp4-pipeline": ("8b", 90, ["--mode", "pipeline", "--recipe", "nvfp4",
                                      "--calib", C32]),
     "8b-nvfp4-oneshot": ("8b", 90, ["--mode", "oneshot", "--recipe", "nvfp4", "--calib", C32,
@@ -263,6 +268,8 @@ class Session:
             # the disk holds one of them (57 GiB + 15 GiB > 64 GiB)
             shutil.rmtree(dirs["8b" if kind == "moe" else "moe"], ignore_errors=True)
             argv = [*argv, "--out", str(model), "--tokenizer", str(self.tokenizer())]
+        elif argv[0].startswith("bench."):  # its own script: model in, one JSON row out
+            argv = [*argv, "--model", str(dirs[needs]), "--json-out", str(row_file)]
         else:
             argv = ["bench.quant_run", *argv, "--model", str(dirs[needs]),
                     *([] if label in PROFILED else ["--no-profile"]),
