@@ -109,6 +109,10 @@ def build(results: dict[str, Any]) -> dict[str, Any]:
                             "gptq_quantize_stage_s": cpu.get("gptq_quantize_stage_s"),
                             "ratio": _ratio(cpu.get("awq_quantize_stage_s"),
                                             cpu.get("gptq_quantize_stage_s"), 2),
+                            **{k: cpu[k] for k in ("awq_variant", "gptq_variant",
+                                                   "awq_quantize_cpu_s", "gptq_quantize_cpu_s",
+                                                   "awq_wiki_ppl", "gptq_wiki_ppl",
+                                                   "per_layer_vs_gptq_int4") if k in cpu},
                             "note": cpu.get("note", "not measured in this call (CPU goal 5)")},
         "missing": missing,
     }
@@ -157,10 +161,14 @@ def main() -> None:
     p.add_argument("--session-setup", type=Path, default=None, help="its setup.json")
     p.add_argument("--when", default="", help="the session call's date (UTC)")
     p.add_argument("--source", default="", help="the commit the session call ran")
+    p.add_argument("--cpu-awq", type=Path, default=None,
+                   help="bench/awq_cpu.py's cpu_awq_vs_gptq block (JSON) for goal 5")
     p.add_argument("--merged-out", type=Path, default=None,
                    help="also write the merged results.json here")
     a = p.parse_args()
     results = json.loads(a.results.read_text())
+    if a.cpu_awq:
+        results["cpu_awq_vs_gptq"] = json.loads(a.cpu_awq.read_text())
     if a.session_rows:
         setup = json.loads(a.session_setup.read_text()) if a.session_setup else {}
         results = merge_session(results, json.loads(a.session_rows.read_text()), setup,

@@ -95,8 +95,11 @@ def section(d: dict[str, Any]) -> str:
         f"| 4. perplexity eval, lm-eval HF path s / ours s (best lm-eval run) | "
         f"{_f(d.get('eval_vs_lmeval'), '{:.2f}')}× | ≥ 2× | "
         f"{_ok(d.get('eval_vs_lmeval'), 2.0, lower=False)} |",
-        f"| 5. CPU awq-int4 / gptq-int4 quantize stage | {_f(cpu.get('ratio'), '{:.2f}')} | ≤ 3× |"
-        f" {cpu.get('note') or _ok(cpu.get('ratio'), 3.0)} |",
+        f"| 5. CPU {cpu.get('awq_variant') or 'awq-int4'} / "
+        f"{cpu.get('gptq_variant') or 'gptq-int4'} quantize stage (wiki_ppl "
+        f"{_f(cpu.get('awq_wiki_ppl'), '{:.2f}')} / {_f(cpu.get('gptq_wiki_ppl'), '{:.2f}')})"
+        f" | {_f(cpu.get('ratio'), '{:.2f}')} ({_f(cpu.get('awq_quantize_stage_s'))} s / "
+        f"{_f(cpu.get('gptq_quantize_stage_s'))} s) | ≤ 3× | {_ok(cpu.get('ratio'), 3.0)} |",
         "",
         "Phases (s; `bench/profiler.py`, self time, GPU synchronised at each boundary):",
         "",
