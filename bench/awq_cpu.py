@@ -4,6 +4,7 @@ machine load (the 2-core machine is shared; lone absolute times mean little).
 
   python -m bench.awq_cpu --out DIR [--record-search VARIANT] VARIANT...
   python -m bench.awq_cpu --analyse DIR/search.json
+  python -m bench.awq_cpu --layers N VARIANT...   # profile: oneshot on the first N layers
 
 Each variant (a name in bench/variants/ or recipes/, or a YAML path) runs the real pipeline
 (calibrate -> quantize -> export -> eval) with the perplexity-only suite bench/wiki-ppl.yaml
@@ -16,7 +17,9 @@ seconds (all threads), which other users of the machine disturb less than wall t
 --record-search NAME keeps, for that variant's AWQ mappings, the search loss of every grid
 candidate on every calibration batch (DIR/search.json); --analyse then says which candidate
 a search on fewer samples or a coarser grid would have picked, and what that choice loses on
-all samples, without re-running anything.
+all samples, without re-running anything. --layers N profiles plain `oneshot` (the recipe's
+modifiers, fp32, batch 1, the same calibration tokens) on the model cut to its first N
+decoder layers: wall and CPU seconds, and the time AWQ spends in its search's forwards.
 """
 
 from __future__ import annotations
@@ -171,6 +174,59 @@ def analyse(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def profile(names: list[str], layers: int) -> list[dict[str, Any]]:
+    """oneshot of each variant on the first `layers` decoder layers, one after another."""
+    import torch
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.transform.awq import AWQModifier
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from bench.quant_run import calibration_samples
+    from quantize.backends import _llmc_compat
+    from quantize.backends._awq_search import SubsetSearchAWQModifier
+    from quantize.backends.llmcompressor import _quiet_engine, build_modifiers
+    from quantize.model.source import default_model_dir
+    from quantize.spec.recipe import load_recipe
+
+    _quiet_engine()
+    _llmc_compat.apply()
+    spent = {"search_forward_s": 0.0, "search_forward_calls": 0}
+    for cls in (AWQModifier, SubsetSearchAWQModifier):
+        def run_samples(self: Any, module: Any, _orig: Any = cls._run_samples) -> Any:
+            t0 = time.perf_counter()
+            out = _orig(self, module)
+            spent["search_forward_s"] += time.perf_counter() - t0
+            spent["search_forward_calls"] += 1
+            return out
+        cls._run_samples = run_samples  # type: ignore[method-assign]
+    model_dir = default_model_dir()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    samples = calibration_samples("awq-int4", "wiki", str(model_dir))
+    rows = []
+    for name in names:
+        recipe = load_recipe(recipe_path(name))
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model.model.layers = model.model.layers[:layers]
+        model.config.num_hidden_layers = layers
+        spent.update(search_forward_s=0.0, search_forward_calls=0)
+        ds = Dataset.from_dict({"input_ids": samples,
+                                "attention_mask": [[1] * len(x) for x in samples]})
+        group = recipe.group_size if isinstance(recipe.group_size, int) else None
+        t0, c0 = time.perf_counter(), time.process_time()
+        oneshot(model=model, processor=tok, recipe=build_modifiers(recipe, group),
+                dataset=ds, num_calibration_samples=len(samples), batch_size=1,
+                max_seq_length=max(len(x) for x in samples), shuffle_calibration_samples=False)
+        rows.append({"variant": Path(recipe_path(name)).stem, "layers": layers,
+                     "wall_s": round(time.perf_counter() - t0, 1),
+                     "cpu_s": round(time.process_time() - c0, 1),
+                     "search_forward_s": round(spent["search_forward_s"], 1),
+                     "search_forward_calls": spent["search_forward_calls"],
+                     "tokens": sum(len(x) for x in samples), "load_avg": os.getloadavg()})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def _grids(grid: list[tuple[Any, ...]]) -> dict[int, list[int]]:
     """Candidate indices of the grids a smaller n_grid makes, where they are a subset of the
     recorded one (duo_scaling true: ratios i/(n_grid-2) plus the unscaled candidate)."""
@@ -193,9 +249,16 @@ def main() -> None:
     ap.add_argument("--record-search", default=None, metavar="VARIANT",
                     help="record this variant's search losses (patched in just before it runs)")
     ap.add_argument("--analyse", type=Path, help="a search.json: print the analysis and stop")
+    ap.add_argument("--layers", type=int, help="profile oneshot on the first N decoder layers")
     args = ap.parse_args()
     if args.analyse:
         print(json.dumps(analyse(json.loads(args.analyse.read_text())), indent=1))
+        return
+    if args.layers:
+        rows = profile(args.names, args.layers)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "profile.json").write_text(json.dumps(rows, indent=1))
         return
     import llmcompressor
     import torch

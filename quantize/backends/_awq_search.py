@@ -9,7 +9,7 @@ bench/awq_cpu.py), and the library has no knob to search on fewer tokens. This s
 everything else as the library does it, including the activation means that shape every
 candidate, which still come from all samples, and runs only the search's forwards on
 `search_samples` samples spread evenly over the calibration set. What that costs in quality
-is measured per setting in bench/RESULTS.md ("CPU AWQ vs GPTQ").
+is measured per setting in docs/awq-cpu.md.
 """
 
 from __future__ import annotations

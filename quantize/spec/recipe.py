@@ -180,7 +180,7 @@ class AWQOptions(Strict):
     duo_scaling: bool | Literal["both"] = True
     search_samples: int | None = Field(
         default=None, ge=1, le=100_000, description="calibration samples the scale search "
-        "runs its forwards on (spread evenly); None: all (bench/RESULTS.md, CPU AWQ vs GPTQ)")
+        "runs its forwards on (spread evenly); None: all (docs/awq-cpu.md)")
 
     @model_validator(mode="after")
     def _grid(self) -> AWQOptions:
