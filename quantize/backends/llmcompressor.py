@@ -85,7 +85,14 @@ def build_modifiers(recipe: Recipe, group_size: int | None) -> list[Any]:
         from llmcompressor.modifiers.transform.awq import AWQModifier
 
         awq = recipe.awq or AWQOptions()
-        mods.append(AWQModifier(n_grid=awq.n_grid, duo_scaling=awq.duo_scaling))
+        if awq.search_samples is None:  # the library's search, on every sample
+            mods.append(AWQModifier(n_grid=awq.n_grid, duo_scaling=awq.duo_scaling))
+        else:
+            from quantize.backends._awq_search import SubsetSearchAWQModifier
+
+            mods.append(SubsetSearchAWQModifier(
+                n_grid=awq.n_grid, duo_scaling=awq.duo_scaling,
+                search_samples=awq.search_samples))
     if recipe.method in ("gptq", "awq+gptq"):
         opts = recipe.gptq or GPTQOptions()
         mods.append(GPTQModifier(block_size=opts.block_size, dampening_frac=opts.dampening_frac,

@@ -67,6 +67,9 @@ def check_recipe(r: Any) -> None:
     if r.awq is not None and r.awq.n_grid != 20:
         raise ValueError(f"{r.backend}'s AWQ scale search uses a fixed grid of 20; remove "
                          f"awq.n_grid {fix}")
+    if r.awq is not None and r.awq.search_samples is not None:
+        raise ValueError(f"{r.backend}'s AWQ searches on every calibration sample; remove "
+                         f"awq.search_samples {fix}")
     if r.awq is not None and r.awq.duo_scaling is not True and r.backend == "gptqmodel":
         raise ValueError(f"gptqmodel's AWQ always uses duo scaling; set awq.duo_scaling: true "
                          f"{fix}")

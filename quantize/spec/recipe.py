@@ -176,8 +176,19 @@ class GPTQOptions(Strict):
 
 
 class AWQOptions(Strict):
-    n_grid: int = Field(default=20, ge=1, le=100)
+    n_grid: int = Field(default=20, ge=2, le=100, description="scale candidates per mapping")
     duo_scaling: bool | Literal["both"] = True
+    search_samples: int | None = Field(
+        default=None, ge=1, le=100_000, description="calibration samples the scale search "
+        "runs its forwards on (spread evenly); None: all (docs/awq-cpu.md)")
+
+    @model_validator(mode="after")
+    def _grid(self) -> AWQOptions:
+        least = {True: 3, False: 2, "both": 4}[self.duo_scaling]  # llm-compressor divides
+        if self.n_grid < least:  # by n_grid - 2 (duo) or n_grid / 2 - 1 (both)
+            raise ValueError(f"n_grid {self.n_grid} is too small for duo_scaling "
+                             f"{str(self.duo_scaling).lower()}; use n_grid >= {least}")
+        return self
 
 
 class AutoRoundOptions(Strict):

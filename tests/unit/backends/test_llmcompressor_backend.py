@@ -25,7 +25,8 @@ def test_gptq_int4() -> None:
 
 def test_awq_int4_is_a_transform_then_asymmetric_quantization() -> None:
     awq, quant = build_modifiers(load_recipe("awq-int4"), 64)
-    assert type(awq).__name__ == "AWQModifier" and awq.n_grid == 20
+    assert type(awq).__name__ == "SubsetSearchAWQModifier"  # quantize/backends/_awq_search.py
+    assert (awq.n_grid, awq.search_samples) == (20, 4)
     assert type(quant).__name__ == "QuantizationModifier"
     w = _weights(quant)
     assert (w.num_bits, w.symmetric, w.group_size) == (4, False, 64)
@@ -117,6 +118,11 @@ def test_autoround_is_one_modifier_with_its_options() -> None:
     assert (ar.iters, ar.batch_size, ar.enable_torch_compile, ar.lr) == (50, 4, False, None)
     w = _weights(ar)
     assert (w.num_bits, w.symmetric, w.group_size) == (4, True, 64)
+
+
+def test_awq_without_search_samples_is_the_librarys_own() -> None:
+    awq, _ = build_modifiers(_recipe(BASE + "method: awq\nawq: {n_grid: 10}\n"), 64)
+    assert type(awq).__name__ == "AWQModifier" and awq.n_grid == 10
 
 
 def test_awq_then_gptq_composes_the_two_modifiers() -> None:

@@ -19,6 +19,7 @@ method: gptq
 scheme: W4A16
 group_size: 64
 """
+AWQ = GOOD.replace("method: gptq", "method: awq").replace("W4A16", "W4A16_ASYM")
 
 
 def test_every_shipped_recipe_loads_and_names_its_file() -> None:
@@ -83,6 +84,12 @@ def test_good_recipe(recipe_file) -> None:  # type: ignore[no-untyped-def]
         (GOOD + "autoround: {iters: 50}\n", 1, "`autoround:` options given but method is gptq",
          "set method: autoround"),
         (GOOD + "gptq: {actorder: sideways}\n", 6, "gptq.actorder", None),
+        (AWQ + "awq: {search_samples: 0}\n", 6, "awq.search_samples: Input should be", None),
+        (AWQ + "awq: {n_grid: 2}\n", 6, "n_grid 2 is too small for duo_scaling true",
+         "use n_grid >= 3"),
+        (AWQ + "awq: {n_grid: 3, duo_scaling: both}\n", 6, "duo_scaling both", "n_grid >= 4"),
+        (AWQ + "backend: gptqmodel\nawq: {search_samples: 4}\n", 1,
+         "searches on every calibration sample", "remove awq.search_samples"),
         (GOOD.replace("method: gptq", "method: autoround").replace("W4A16", "W8A8").replace(
             "group_size: 64\n", ""), 1, "AutoRound is weight-only", "Use W4A16_ASYM/W4A16"),
         (GOOD.replace("method: gptq", "method: autoround").replace("W4A16", "W4A16_ASYM"), 1,
