@@ -128,12 +128,17 @@ def sdpa_in_traced_layers(model: Any, enabled: bool) -> Iterator[None]:
     `oneshot`; anything but a model loaded with sdpa is left alone. Measured on the H200,
     8B, 128 x 2048 tokens: forward 28.0 -> 18.1 s, quantize stage 65.4 -> 52.9 s, GPU peak
     30.2 -> 21.7 GiB (no fp32 score matrices), GPTQ loss sum 0.99998x plain oneshot's
-    with eager attention and otherwise the same settings."""
+    with eager attention and otherwise the same settings. Like `fast_hessian`, it serves
+    16-bit calibration only: an fp32 model (bench/sweep.py keeps the CPU path's fp32
+    numerics on a GPU) keeps the library's eager attention."""
     import sys
+
+    import torch
 
     mod = sys.modules.get(type(model).__module__)
     if (not enabled or mod is None or not hasattr(mod, "eager_attention_forward")
-            or getattr(model.config, "_attn_implementation", None) != "sdpa"):
+            or getattr(model.config, "_attn_implementation", None) != "sdpa"
+            or getattr(model, "dtype", None) not in (torch.bfloat16, torch.float16)):
         yield
         return
     from transformers.integrations.sdpa_attention import sdpa_attention_forward

@@ -89,6 +89,7 @@ def test_cpu_calibration_is_untouched() -> None:
 
 
 def test_sdpa_swap_is_opt_in_and_restored() -> None:
+    import torch
     import transformers.models.llama.modeling_llama as ml
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -98,6 +99,9 @@ def test_sdpa_swap_is_opt_in_and_restored() -> None:
                       num_attention_heads=2, num_key_value_heads=1, vocab_size=64)
     model = LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa")
     eager = ml.eager_attention_forward
+    with sdpa_in_traced_layers(model, True):  # fp32 calibration keeps eager attention
+        assert ml.eager_attention_forward is eager
+    model = model.to(torch.bfloat16)
     with sdpa_in_traced_layers(model, False):
         assert ml.eager_attention_forward is eager
     with sdpa_in_traced_layers(model, True):
