@@ -239,7 +239,13 @@ def save(model: Any, tokenizer: Any, out: Path, dtype: Any, src_dtype: Any,
         # replaces each parameter's data in place: the key order compressed-tensors'
         # distributed compression walks in lockstep on every rank stays as it was
         model.to(src_dtype)
-    model.save_pretrained(out, save_compressed=True, max_shard_size=SHARD_SIZE)
+    import transformers.modeling_utils as hf_saving
+
+    from quantize.run.files import hashed_while_written
+
+    # each 1 GB shard is hashed in a child process while the next one is written
+    with hashed_while_written(hf_saving, "safe_save_file"):
+        model.save_pretrained(out, save_compressed=True, max_shard_size=SHARD_SIZE)
     if not write:
         return
     tokenizer.save_pretrained(out)

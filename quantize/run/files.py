@@ -10,9 +10,11 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -304,6 +306,93 @@ def hash_files(paths: list[Path]) -> list[str]:
 
     with ThreadPoolExecutor(max_workers=min(16, len(paths), os.cpu_count() or 1)) as pool:
         return list(pool.map(sha256_file, paths))
+
+
+# A child interpreter that prints one file's sha256: isolated (-I) and without site
+# packages (-S), it starts in about 10 ms.
+_HASH_CHILD = ("import hashlib, sys\nh = hashlib.sha256()\nwith open(sys.argv[1], 'rb') as f:\n"
+               "    while b := f.read(1 << 20):\n        h.update(b)\nprint(h.hexdigest())")
+
+
+class HashWhileWriting:
+    """Hash each file as soon as a writer finishes it, in a child process, while the writer
+    goes on with the next: `add(path)` after a file is closed, `finish()` once all are.
+
+    Why a process and not a thread: safetensors holds the GIL for the whole write of a
+    shard, so a hashing thread would wait for it (transformers says so at its shard loop).
+    Measured on the H200 host: hashing an 8.5 GB fp8 checkpoint after the save took 1.4 s
+    of the fp8-dynamic run's 16.3 s (bench/RESULTS.md). The digests land in the same
+    per-process memory `sha256_file` reads (keyed by the file's stat), so the stage's
+    `hash_tree` after the rename finds them and reads nothing again. A digest is kept only
+    when the file's stat key is the same after the child as when it was handed over; the
+    files are written into the stage's own `.partial` folder under the run lock, so no other
+    writer can touch them within one timestamp tick (the racy case `sha256_file` guards).
+    A child that fails just leaves the file to be hashed the usual way."""
+
+    def __init__(self) -> None:
+        self._jobs: list[tuple[Path, tuple[int, ...], subprocess.Popen[bytes]]] = []
+
+    def add(self, path: Path | str) -> None:
+        path = Path(path)
+        try:
+            key = _key(os.stat(path))
+        except OSError:
+            return
+        if key is None:
+            return  # small files are always re-read (see _CACHE_MIN_BYTES)
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _HASH_CHILD, str(path)],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._jobs.append((path, key, proc))
+
+    def finish(self) -> int:
+        """Wait for the children and keep their digests; returns how many were kept."""
+        kept = 0
+        for path, key, proc in self._jobs:
+            out, _ = proc.communicate()
+            digest = out.decode().strip()
+            try:
+                same = _key(os.stat(path)) == key
+            except OSError:
+                same = False
+            if proc.returncode == 0 and same and re.fullmatch(r"[0-9a-f]{64}", digest):
+                _HASHED[key] = digest
+                kept += 1
+        self._jobs.clear()
+        return kept
+
+    def cancel(self) -> None:
+        for _, _, proc in self._jobs:
+            proc.kill()
+            proc.wait()
+        self._jobs.clear()
+
+
+@contextlib.contextmanager
+def hashed_while_written(module: Any, name: str) -> Iterator[HashWhileWriting]:
+    """Wrap the writer function `module.name(obj, filename, ...)` for the duration so that
+    each file it writes is hashed in the background (HashWhileWriting). When `module` has
+    no such function (another library version), files are simply hashed later."""
+    hashes = HashWhileWriting()
+    original: Callable[..., Any] | None = getattr(module, name, None)
+    if original is None:
+        yield hashes
+        return
+
+    def writer(obj: Any, filename: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(obj, filename, *args, **kwargs)
+        hashes.add(filename)
+        return result
+
+    setattr(module, name, writer)
+    try:
+        yield hashes
+    except BaseException:
+        hashes.cancel()
+        raise
+    else:
+        hashes.finish()
+    finally:
+        setattr(module, name, original)
 
 
 def hash_tree(folder: Path) -> dict[str, str]:

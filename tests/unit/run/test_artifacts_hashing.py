@@ -73,3 +73,63 @@ def test_small_files_are_always_read(tmp_path: Path) -> None:
     assert sha256_file(f) == _truth(f)
     _rewrite_same_stat(f, b"2" * 100)
     assert sha256_file(f) == _truth(f)
+
+
+class _Writer:
+    """A stand-in for the module whose save function the engine calls per shard."""
+
+    @staticmethod
+    def save(data: bytes, filename: str) -> None:
+        Path(filename).write_bytes(data)
+
+
+def test_files_hashed_while_written_are_known_and_true(tmp_path: Path) -> None:
+    from quantize.run.files import _HASHED, _known, hashed_while_written
+
+    original = _Writer.save
+    with hashed_while_written(_Writer, "save"):
+        for i in range(3):
+            _Writer.save(bytes([i + 1]) * (2_000_000 + i), str(tmp_path / f"s{i}.bin"))
+        _Writer.save(b"small", str(tmp_path / "config.json"))  # under the cache size: skipped
+    assert _Writer.save is original  # the writer is put back
+    for i in range(3):
+        f = tmp_path / f"s{i}.bin"
+        assert _known(f) == _truth(f)  # remembered from the child, not read here
+    assert _known(tmp_path / "config.json") is None
+    assert hash_tree(tmp_path) == {f.name: _truth(f) for f in tmp_path.iterdir()}
+    _HASHED.clear()
+
+
+def test_a_file_changed_before_its_hash_is_collected_is_not_remembered(tmp_path: Path
+                                                                        ) -> None:
+    from quantize.run.files import HashWhileWriting, _known
+
+    f = tmp_path / "s.bin"
+    f.write_bytes(b"a" * 2_000_000)
+    hashes = HashWhileWriting()
+    hashes.add(f)
+    time.sleep(0.02)
+    f.write_bytes(b"b" * 2_000_001)  # another size: another stat key
+    assert hashes.finish() == 0
+    assert _known(f) is None
+    assert sha256_file(f) == _truth(f)
+
+
+def test_an_error_in_the_writer_puts_it_back_and_stops_the_children(tmp_path: Path) -> None:
+    from quantize.run.files import hashed_while_written
+
+    original = _Writer.save
+    try:
+        with hashed_while_written(_Writer, "save"):
+            _Writer.save(b"x" * 2_000_000, str(tmp_path / "a.bin"))
+            raise OSError("disk full")
+    except OSError:
+        pass
+    assert _Writer.save is original
+
+
+def test_a_missing_writer_means_hashing_later(tmp_path: Path) -> None:
+    from quantize.run.files import hashed_while_written
+
+    with hashed_while_written(_Writer, "no_such_function") as hashes:
+        assert hashes.finish() == 0
