@@ -65,6 +65,14 @@ JOBS: dict[str, tuple[str, int, list[str]]] = {
     # layer-by-layer onloading from host memory, same tokens
     "moe-gptq-pipeline-48gib": ("moe", 400, ["--mode", "pipeline", "--recipe", "gptq-int4",
                                              "--calib", C32, "--gpu-free-gib", "48"]),
+    # 12 of its 48 layers (14.3 GiB), resident and under the onload placement a 16 GiB
+    # card gets, in one call: what layer-by-layer onloading costs a MoE
+    "moe12-build": ("", 40, ["bench.make_model", "--preset", "qwen3-30b-a3b-12l"]),
+    "moe12-gptq-pipeline": ("moe12", 100, ["--mode", "pipeline", "--recipe", "gptq-int4",
+                                            "--calib", C32]),
+    "moe12-gptq-pipeline-16gib": ("moe12", 150, ["--mode", "pipeline", "--recipe",
+                                                  "gptq-int4", "--calib", C32,
+                                                  "--gpu-free-gib", "16"]),
     "8b-build": ("", 45, ["bench.make_model", "--preset", "llama3.1-8b"]),
     # issue 20: fills Triton's kernel cache (llm-compressor's fused GPTQ update) so that no
     # timed GPTQ row pays the first process's compilation
@@ -114,7 +122,8 @@ OPTIONAL = {"moe-gptq-pipeline", "8b-gptq-oneshot-sdpa-128", "moe-gptq-pipeline-
 # rows timed under bench/profiler.py's phase timers (GPTQ losses recorded): issue 20's
 PROFILED = {"8b-gptq-pipeline-128", "8b-gptq-oneshot-same-128", "8b-gptq-oneshot-sdpa-128",
             "8b-gptq-pipeline-24gib", "8b-fp8-pipeline", "8b-fp8-oneshot",
-            "8b-fp8-pipeline-b", "8b-fp8-oneshot-b",
+            "8b-fp8-pipeline-b", "8b-fp8-oneshot-b", "moe12-gptq-pipeline",
+            "moe12-gptq-pipeline-16gib",
             "8b-gptq-pipeline-32", "8b-gptq-oneshot-same-32"}
 
 
@@ -257,6 +266,7 @@ class Session:
         fs = sorted((Path("/tmp"), Path("/dev/shm")), key=lambda p: -shutil.disk_usage(p).free)
         other = fs[1] if shutil.disk_usage(fs[1]).free > 32 * 2**30 else fs[0]
         return {"moe": fs[0] / "qwen3-30b-a3b-random", "8b": fs[0] / "llama31-8b-random",
+                "moe12": fs[0] / "qwen3-30b-a3b-12l-random",
                 "export": other / "gpu-session-export"}
 
     def job(self, label: str) -> None:
@@ -274,10 +284,12 @@ class Session:
                 raise OutOfTime(label)
             return
         if label.endswith("build"):
-            kind = "moe" if label.startswith("moe") else "8b"
+            kind = label.removesuffix("-build")
             model = dirs[kind]
             # the disk holds one of them (57 GiB + 15 GiB > 64 GiB)
-            shutil.rmtree(dirs["8b" if kind == "moe" else "moe"], ignore_errors=True)
+            for other in ("8b", "moe", "moe12"):
+                if other != kind:
+                    shutil.rmtree(dirs[other], ignore_errors=True)
             argv = [*argv, "--out", str(model), "--tokenizer", str(self.tokenizer())]
         elif argv[0].startswith("bench."):  # its own script: model in, one JSON row out
             argv = [*argv, "--model", str(dirs[needs]), "--json-out", str(row_file)]
@@ -289,7 +301,7 @@ class Session:
         rc, took = self.call(label, argv, self.left() - 3)
         log(f"{label}: rc={rc} in {took:.0f} s")
         if label.endswith("build"):
-            info = dirs[needs or ("moe" if label.startswith("moe") else "8b")] / ".complete"
+            info = dirs[needs or label.removesuffix("-build")] / ".complete"
             row = json.loads(info.read_text()) if info.is_file() else {}
             row_file.write_text(json.dumps({"label": label, "wall_s": round(took, 1), **row,
                                             **({} if rc == 0 else {"error": f"rc={rc}"})}))

@@ -40,7 +40,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 # Presets read from a shipped public config (quantize/data/model_configs/), built through
 # AutoModelForCausalLM: the MoE architecture of issue #18 (30.5 B parameters, 56.9 GiB bf16).
-SHIPPED: dict[str, str] = {"qwen3-30b-a3b": "Qwen--Qwen3-30B-A3B.json"}
+# "-12l": the same layers, 12 of its 48 (14.3 GiB): the placement rows that must fit one call
+SHIPPED: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3-30b-a3b": ("Qwen--Qwen3-30B-A3B.json", {}),
+    "qwen3-30b-a3b-12l": ("Qwen--Qwen3-30B-A3B.json", {"num_hidden_layers": 12}),
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja")
 
@@ -60,9 +64,9 @@ def build(preset: str, out: Path, tokenizer: Path, device: str, seed: int = 0) -
         from transformers import AutoConfig, AutoModelForCausalLM
 
         cfg_file = Path(__file__).resolve().parent.parent / "quantize" / "data" / \
-            "model_configs" / SHIPPED[preset]
+            "model_configs" / SHIPPED[preset][0]
         raw = {k: v for k, v in json.loads(cfg_file.read_text()).items()
-               if not k.startswith("_") and k != "torch_dtype"}
+               if not k.startswith("_") and k != "torch_dtype"} | SHIPPED[preset][1]
         config = AutoConfig.for_model(**raw)
         make: Any = AutoModelForCausalLM.from_config
     else:
