@@ -20,6 +20,11 @@ PAIRS = [("gptq-int4", "gptq pipeline 128x2048", "gptq oneshot same-settings 128
 PIPE, SAME, KNOBS, DEFAULTS = ("gptq pipeline 128x2048", "gptq oneshot same-settings 128x2048",
                                "gptq oneshot knobs-only 128x2048",
                                "gptq oneshot library-defaults 128x2048")
+# plain oneshot with the pipeline's settings including SDPA in the traced layers (the
+# pipeline's GPU default since 2026-12-02): the like-for-like goal-2 partner of PIPE
+SDPA_SAME = "gptq oneshot same-settings+sdpa 128x2048"
+# a second fp8 pair, alternated with the first in the same call
+FP8_B = ("fp8 pipeline b", "fp8 oneshot same-settings b")
 # goal 3's other side: the same pipeline row when the memory check sees a 24 GiB card
 MEMORY = "gptq pipeline 128x2048 24GiB card"
 # bench/gpu_session.py's quant_run rows under the labels of bench/run_gpu.py's issue20 plan
@@ -27,7 +32,9 @@ SESSION_LABELS = {"8b-gptq-pipeline-128": PIPE, "8b-gptq-oneshot-same-128": SAME
                   "8b-gptq-pipeline-24gib": MEMORY, "8b-fp8-pipeline": "fp8 pipeline",
                   "8b-fp8-oneshot": "fp8 oneshot same-settings",
                   "8b-gptq-pipeline-32": "gptq pipeline 32x2048",
-                  "8b-gptq-oneshot-same-32": "gptq oneshot same-settings 32x2048"}
+                  "8b-gptq-oneshot-same-32": "gptq oneshot same-settings 32x2048",
+                  "8b-gptq-oneshot-sdpa-128": SDPA_SAME, "8b-fp8-pipeline-b": FP8_B[0],
+                  "8b-fp8-oneshot-b": FP8_B[1]}
 
 
 def _r(x: float | None, n: int = 2) -> float | None:
@@ -63,11 +70,27 @@ def build(results: dict[str, Any]) -> dict[str, Any]:
         "gptq_loss_ratio": _ratio(loss_p, loss_d, 5),
         "gptq_loss_ratio_vs_same_settings": _ratio(loss_p, get(SAME, "gptq_loss_sum"), 5),
         "gptq_loss_ratio_vs_knobs_only": _ratio(loss_p, get(KNOBS, "gptq_loss_sum"), 5),
+        "oneshot_same_settings_sdpa_s": get(SDPA_SAME, "wall_s"),
+        "gpu_peak_gib_oneshot_same_settings_sdpa": get(SDPA_SAME, "gpu_peak_alloc_gib"),
+        "gptq_loss_ratio_vs_same_settings_sdpa": _ratio(loss_p, get(SDPA_SAME,
+                                                                    "gptq_loss_sum"), 5),
         "phases_pipeline_s": pipe.get("groups_s"),
         "phases_oneshot_defaults_s": by.get(DEFAULTS, {}).get("groups_s"),
         "phases_oneshot_knobs_only_s": by.get(KNOBS, {}).get("groups_s"),
     }
-    overhead = {name: _ratio(get(p, "wall_s"), get(o, "wall_s")) for name, p, o in PAIRS}
+    pairs = [(n, p, SDPA_SAME if n == "gptq-int4" and SDPA_SAME in by else o)
+             for n, p, o in PAIRS]
+    rows_s: dict[str, list[float | None]] = {
+        name: [get(p, "wall_s"), get(o, "wall_s")] for name, p, o in pairs}
+    overhead = {name: _ratio(get(p, "wall_s"), get(o, "wall_s")) for name, p, o in pairs}
+    if all(lb in by for lb in FP8_B):  # both fp8 pairs: the ratio of the sums
+        rows_s["fp8-dynamic"] += [get(FP8_B[0], "wall_s"), get(FP8_B[1], "wall_s")]
+        w = rows_s["fp8-dynamic"]
+        overhead["fp8-dynamic"] = _ratio(sum(x or 0 for x in w[0::2]),
+                                         sum(x or 0 for x in w[1::2]))
+    if SDPA_SAME in by:
+        overhead["gptq-int4 vs oneshot without SDPA"] = _ratio(get(PIPE, "wall_s"),
+                                                               get(SAME, "wall_s"))
     overhead["gptq-int4 32x2048"] = _ratio(get("gptq pipeline 32x2048", "wall_s"),
                                            get("gptq oneshot same-settings 32x2048", "wall_s"))
     ev = results.get("eval_vs_lmeval") or {}
@@ -80,8 +103,8 @@ def build(results: dict[str, Any]) -> dict[str, Any]:
         "plan": results.get("plan"),
         "gptq_int4_8b_128x2048": gptq,
         "overhead": overhead,
-        "overhead_rows_s": {name: [get(p, "wall_s"), get(o, "wall_s")]
-                            for name, p, o in PAIRS},
+        "overhead_rows_s": rows_s,
+        "overhead_partner": {name: o for name, _, o in pairs},
         "per_change_32x2048": {
             "knobs_only_s": get("gptq oneshot knobs-only 32x2048", "wall_s"),
             "same_settings_s": get("gptq oneshot same-settings 32x2048", "wall_s"),
@@ -125,7 +148,11 @@ def merge_session(results: dict[str, Any], rows: list[dict[str, Any]], setup: di
     card and the model, noting where it came from); `row_calls` then says which call
     measured each row, and `env` is the newer call's."""
     runs = {r["label"]: r for r in results.get("runs", [])}
+    results = dict(results)
     for row in rows:
+        if "compared" in row and not row.get("error"):  # bench/eval_vs_lmeval.py's row
+            results["eval_vs_lmeval"] = {**row, "call": when}
+            continue
         label = SESSION_LABELS.get(row.get("label", ""))
         if label is None or "wall_s" not in row or row.get("error"):
             continue

@@ -73,10 +73,15 @@ def section(d: dict[str, Any]) -> str:
         + ("met" if g.get("gptq_loss_ratio") and abs(g["gptq_loss_ratio"] - 1) <= 0.01
            else "not measured") + " |",
     ]
+    partner = d.get("overhead_partner") or {}
     for name in ("gptq-int4", "awq-int4", "w8a8-int8", "fp8-dynamic"):
-        p, o = (rows_s.get(name) or [None, None])[:2]
-        lines.append(f"| 2. overhead {name} (pipeline / oneshot, same settings) | "
-                     f"{_f(ov.get(name), '{:.3f}')} ({_f(p)} s / {_f(o)} s) | ≤ 1.05 | "
+        w = rows_s.get(name) or [None, None]
+        p = " + ".join(_f(x) for x in w[0::2])
+        o = " + ".join(_f(x) for x in w[1::2])
+        how = (" with SDPA, like the pipeline" if "sdpa" in partner.get(name, "") else "")
+        pairs = f", {len(w) // 2} pairs alternated" if len(w) > 2 else ""
+        lines.append(f"| 2. overhead {name} (pipeline / oneshot, same settings{how}{pairs})"
+                     f" | {_f(ov.get(name), '{:.3f}')} ({p} s / {o} s) | ≤ 1.05 | "
                      f"{_ok(ov.get(name), 1.05)} |")
     if ov.get("gptq-int4 32x2048") is not None:
         lines.append(f"| 2. overhead gptq-int4 at 32 × 2048, second call | "

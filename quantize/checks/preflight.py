@@ -22,6 +22,7 @@ class Layer:
     name: str
     in_features: int
     out_features: int
+    copies: int = 1  # a fused experts module's projection stands for one layer per expert
 
 
 def meta_model(config: ModelConfig, *, trust_remote_code: bool = False) -> Any:

@@ -88,7 +88,10 @@ def model_size(model: Any, recipe: Recipe) -> ModelSize:
         if prefix and lay.name.startswith(prefix + "."):
             idx = lay.name[len(prefix) + 1:].split(".")[0]
             h = lay.in_features ** 2 * 4 if gptq else 0
-            per_layer[idx] = per_layer.get(idx, 0) + h
+            # GPTQ holds every module's Hessian until its layer is solved: a MoE layer's are
+            # one per expert (Qwen3-30B-A3B: 4.3 GiB a layer, which the H200 rows showed
+            # missing from the estimate when experts were counted once, bench/RESULTS.md)
+            per_layer[idx] = per_layer.get(idx, 0) + h * lay.copies
             widest = max(widest, lay.out_features)
             copies = 3 * lay.out_features * lay.in_features * 4  # W fp32, Q, error
             solve = max(solve, copies + h)  # GPTQ also inverts a Hessian copy

@@ -94,10 +94,11 @@ def check_routers_dense(model: Any, targets: list[str], ignore: list[str],
 
 
 def fused_expert_projections(model: Any, targets: list[str], ignore: list[str]
-                             ) -> list[tuple[str, int, int]]:
-    """(name, in_features, out_features) of the per-expert Linear layers the engine will make
-    of transformers 5's fused 3-D expert tensors and quantize (llm-compressor unfuses them when
-    `Linear` is targeted), one per experts module and projection, named as expert 0's. Layouts:
+                             ) -> list[tuple[str, int, int, int]]:
+    """(name, in_features, out_features, experts) of the per-expert Linear layers the engine
+    will make of transformers 5's fused 3-D expert tensors and quantize (llm-compressor unfuses
+    them when `Linear` is targeted), one per experts module and projection, named as expert
+    0's and standing for `experts` identical layers. Layouts:
     [E, out, in], or [E, in, out] where the module says `is_transposed` (gpt-oss); a
     concatenated `gate_up_proj` holds gate and up halves along out."""
     from compressed_tensors.utils import is_match
@@ -111,13 +112,13 @@ def fused_expert_projections(model: Any, targets: list[str], ignore: list[str]
         for pname, p in mod.named_parameters(recurse=False):
             if p.ndim != 3:
                 continue
-            _, a, b = (int(x) for x in p.shape)
+            e, a, b = (int(x) for x in p.shape)
             out_f, in_f = (b, a) if getattr(mod, "is_transposed", False) else (a, b)
             if pname == "gate_up_proj":
-                out += [(f"{name}.0.{proj}", in_f, out_f // 2) for proj in ("gate_proj",
-                                                                            "up_proj")]
+                out += [(f"{name}.0.{proj}", in_f, out_f // 2, e) for proj in ("gate_proj",
+                                                                               "up_proj")]
             else:
-                out.append((f"{name}.0.{pname}", in_f, out_f))
+                out.append((f"{name}.0.{pname}", in_f, out_f, e))
     return out
 
 

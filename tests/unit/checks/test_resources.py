@@ -82,6 +82,24 @@ def test_estimate_matches_the_measured_8b_rows(llama8b: tuple[ModelConfig, Any])
     assert b1.need("onload+offload") < b1.need("onload") < b1.need("resident")
 
 
+def test_moe_estimate_counts_every_experts_hessian() -> None:
+    """bench/RESULTS.md, 2026-12-03, H200: Qwen3-30B-A3B's architecture cut to 12 of its 48
+    layers (random weights), GPTQ W4A16, 32 x 2048 tokens, batch 8: allocated peak 29.68 GiB
+    resident and 15.45 GiB onloaded. Counting each fused experts module once (as one expert)
+    estimated 24.4 and 11.6 GiB: 128 experts' Hessians (4.3 GiB a layer) were missing."""
+    raw = json.loads((CONFIGS / "Qwen--Qwen3-30B-A3B.json").read_text())
+    cfg = ModelConfig.model_validate({**raw, "num_hidden_layers": 12})
+    r = load_recipe("gptq-int4")
+    size = resources.model_size(preflight.meta_model(cfg), r)
+    per_expert = (2 * 2048 ** 2 + 768 ** 2) * 4  # gate and up take the hidden size, down 768
+    attention = (3 * 2048 ** 2 + 4096 ** 2) * 4  # q/k/v take 2048, o the 32 x 128 heads
+    assert size.hessian_bytes == 128 * per_expert + attention
+    est = resources.estimate_gpu(size, r, cfg, WINDOWS, 8)
+    for placement, measured in (("resident", 29.68), ("onload", 15.45)):
+        got = est.allocated(placement) / GiB
+        assert measured * 0.95 <= got <= measured * 1.3, (placement, got, measured)
+
+
 @pytest.mark.parametrize(("free", "placement"), [(40, "resident"), (10, "onload"),
                                                  (6.5, "onload+offload")])
 def test_gpu_placement_is_the_cheapest_that_fits(
