@@ -105,7 +105,7 @@ def fused_expert_projections(model: Any, targets: list[str], ignore: list[str]
 
     if "Linear" not in targets:
         return []
-    out: list[tuple[str, int, int]] = []
+    out: list[tuple[str, int, int, int]] = []
     for name, mod in model.named_modules():
         if not type(mod).__name__.endswith("Experts") or is_match(name, mod, ignore):
             continue
