@@ -206,8 +206,9 @@ def linearize(model: Any) -> Any:
     `linearize_moe` (what `oneshot` falls back to for a fused model) holds every fused module
     until the last one is replaced, so the experts sit in memory twice (Qwen3-30B-A3B on an
     H200: 110.97 GiB GPU peak for 56.9 GiB of weights, pipeline and plain oneshot alike).
-    Here each fused module's tensors are released as soon as its replacement is in
-    (`_release`; bench/moe_load.py measures both on the CPU). Its `load_quantizable_moe`
+    Here each fused module's tensors are released as soon as its replacement is in, and the
+    heap memory the copy freed goes back to the system (quantize.model.release;
+    bench/moe_load.py and bench/moe_tiers.py measure it on the CPU). Its `load_quantizable_moe`
     would avoid the copy entirely, but in transformers 5.17 it imports every model's image
     processor (torchvision, which this project does not install). A dense model is returned
     as is."""
@@ -216,45 +217,16 @@ def linearize(model: Any) -> Any:
     from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
     from llmcompressor.modeling.moe.linearize import get_non_linearized_moes
 
+    from quantize.model.release import release_module, trim_heap
+
     names = [name for name, _ in get_non_linearized_moes(model)]
     for name in names:
         fused = model.get_submodule(name)
         make = LinearExperts2D.get_linear_experts_cls(fused.__class__).from_experts_module
         model.set_submodule(name, make(fused, getattr(fused, "config", model.config)))
-        _release(fused)
+        release_module(fused)
+        trim_heap()
     return model
-
-
-def _release(module: Any) -> None:
-    """Drop every tensor of a module that is leaving the model, now. `del` is not enough under
-    compressed-tensors' offloading (a model loaded through `load_offloaded_model`: the disk
-    tier, several processes): `offload_module` wraps `forward` in a closure over the module, a
-    reference cycle, so the module and its tensors live until Python's cyclic collector
-    happens to run, and layer after layer host RAM grew toward twice the experts
-    (Qwen3-30B-A3B under the disk tier: OOM-killed at 67.6 GiB of anonymous memory with
-    57.1 GiB of weights planned). Deleting through the offload cache also drops its disk
-    copy: DiskCache's own file or link, and (on the rank that writes) the file transformers
-    wrote into the offload folder for a fused tensor the checkpoint does not hold, which the
-    link points to; a checkpoint file is never touched."""
-    import os
-    from pathlib import Path
-
-    from compressed_tensors.distributed import is_source_process
-    from compressed_tensors.offload.cache import DiskCache
-
-    for mod in module.modules():
-        for store in (mod._parameters, mod._buffers):
-            for key in list(store):
-                target: Path | None = None
-                if isinstance(store, DiskCache) and is_source_process():
-                    info = DiskCache.index.get(store.offloaded_values[key]) or {}
-                    link = info.get("safetensors_file")
-                    if link and os.path.islink(link):
-                        target = Path(os.path.realpath(link))
-                del store[key]  # DiskCache: removes its own file (or link) and index entry
-                if target is not None and target.parent == Path(store.offload_dir) \
-                        and target.is_file():
-                    target.unlink()
 
 
 def load_linearized(ckpt: Path, config: ModelConfig) -> Any:

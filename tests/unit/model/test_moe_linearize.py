@@ -1,9 +1,10 @@
-"""quantize.model.moe.linearize under each host tier (quantize.checks.placement): a tiny random
-Qwen3-MoE checkpoint loaded the way the pipeline loads it (quantize.backends.llmcompressor
+"""quantize.model.moe.linearize under each host tier (quantize.checks.placement): tiny random
+Qwen3-MoE checkpoints loaded the way the pipeline loads them (quantize.backends.llmcompressor
 .load_model). Under the disk tier the model is offloaded by compressed-tensors, whose
 `offload_module` makes every module a reference cycle: a replaced fused-experts module must
 still give its memory (and its offload files) back at once, not when the cyclic collector
-runs (Qwen3-30B-A3B was OOM-killed that way)."""
+runs, and the heap the per-expert copies passed through must not stay behind (Qwen3-30B-A3B
+was OOM-killed that way; quantize.model.release)"""
 
 from __future__ import annotations
 
@@ -141,3 +142,46 @@ def test_linearized_tensors_are_the_same_in_ram_and_on_disk(
         assert sorted(other) == sorted(ram)
         for name, t in ram.items():
             assert t.dtype == other[name].dtype and torch.equal(t, other[name]), name
+
+
+def _anon_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc")
+def test_linearize_under_disk_offload_holds_no_layer_after_it(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Anonymous memory after linearize stays where it was after loading (within half a
+    layer's experts): neither the replaced fused tensors (kept by offload_module's reference
+    cycle) nor the heap the per-expert copies were written to disk from stay behind. Larger
+    experts than the other tests' (25 MiB a layer) so that a layer shows above the noise."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    path = tmp_path_factory.mktemp("qwen3-moe-25m")
+    cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=512, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                         intermediate_size=512, moe_intermediate_size=512, num_experts=16,
+                         num_experts_per_tok=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    Qwen3MoeForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+    layer = 16 * 3 * 512 * 512 * 2
+    seen: dict[str, int] = {}
+    original = moe.linearize
+
+    def watched(model: Any) -> Any:
+        seen["before"] = _anon_bytes()
+        out = original(model)
+        seen["after"] = _anon_bytes()
+        return out
+
+    size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    gc.collect()
+    gc.disable()  # the cyclic collector would free the fused modules at random times
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(moe, "linearize", watched)
+            _load(path, "disk", size // 2, tmp_path_factory.mktemp("offload25"))
+    finally:
+        gc.enable()
+    assert seen["after"] - seen["before"] < layer // 2, (seen, layer)
