@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from quantize.backends import QuantizeJob
 from quantize.errors import QuantizationError
@@ -94,7 +94,9 @@ class RoutingCounter:
         import torch
 
         for name, mod in self.routers.items():
-            experts = int(mod.get_parameter("weight").shape[0])
+            # not get_parameter: a router offloaded to disk by compressed-tensors (the disk
+            # tier) onloads its weight as a plain tensor, which get_parameter refuses
+            experts = int(cast("torch.Tensor", mod.weight).shape[0])
             self.counts[name] = torch.zeros(experts, dtype=torch.int64)
             self._handles.append(mod.register_forward_hook(self._hook(name, experts)))
         return self

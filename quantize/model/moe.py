@@ -207,21 +207,26 @@ def linearize(model: Any) -> Any:
     `linearize_moe` (what `oneshot` falls back to for a fused model) holds every fused module
     until the last one is replaced, so the experts sit in memory twice (Qwen3-30B-A3B on an
     H200: 110.97 GiB GPU peak for 56.9 GiB of weights, pipeline and plain oneshot alike).
-    Here each fused module is released as soon as its replacement is in (bench/moe_load.py
-    measures both on the CPU). Its `load_quantizable_moe` would avoid the copy entirely, but
-    in transformers 5.17 it imports every model's image processor (torchvision, which this
-    project does not install). A dense model is returned as is."""
+    Here each fused module's tensors are released as soon as its replacement is in, and the
+    heap memory the copy freed goes back to the system (quantize.model.release;
+    bench/moe_load.py and bench/moe_tiers.py measure it on the CPU). Its `load_quantizable_moe`
+    would avoid the copy entirely, but in transformers 5.17 it imports every model's image
+    processor (torchvision, which this project does not install). A dense model is returned
+    as is."""
     if not is_moe(model):
         return model
     from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
     from llmcompressor.modeling.moe.linearize import get_non_linearized_moes
+
+    from quantize.model.release import release_module, trim_heap
 
     names = [name for name, _ in get_non_linearized_moes(model)]
     for name in names:
         fused = model.get_submodule(name)
         make = LinearExperts2D.get_linear_experts_cls(fused.__class__).from_experts_module
         model.set_submodule(name, make(fused, getattr(fused, "config", model.config)))
-        del fused  # the only reference left: its tensors go now, not after the last layer
+        release_module(fused)
+        trim_heap()
     return model
 
 

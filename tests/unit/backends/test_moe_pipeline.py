@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -63,3 +64,38 @@ def test_all_expert_switch_is_an_llmcompressor_option(tmp_path: Path) -> None:
         load_recipe(str(recipe))
     assert "calibrate_all_experts" in info.value.problem
     assert "llmcompressor" in (info.value.hint or info.value.problem)
+
+
+def _export(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+def test_disk_tier_gives_the_same_moe_export(moe_model: Path, tmp_path: Path) -> None:
+    """Host RAM short (quantize.checks.placement's disk tier): compressed-tensors keeps the
+    first layers in RAM and offloads the rest, routers and fused experts included, to disk.
+    The expert coverage reads each router's size from an offloaded router, linearize replaces
+    offloaded fused experts, and the export is the one the RAM tier writes, bit for bit."""
+    import torch
+
+    from quantize.backends import QuantizeJob
+    from quantize.backends.llmcompressor import BACKEND
+
+    size = sum(f.stat().st_size for f in moe_model.glob("*.safetensors"))
+    samples = [[(i * 7 + j * 13) % 500 + 3 for j in range(32)] for i in range(2)]
+    outs = {}
+    for tier in ("ram", "disk"):
+        out = tmp_path / tier / "quantize"
+        out.mkdir(parents=True)
+        offload = tmp_path / tier / ".offload"
+        job = QuantizeJob(moe_model, load_recipe("gptq-int4"), 64, samples, "cpu",
+                          host_tier=tier, cpu_budget=size * 9 // 10 if tier == "disk" else None,
+                          offload_dir=offload if tier == "disk" else None)
+        assert BACKEND.quantize(job, out).get("disk_offload", False) == (tier == "disk")
+        assert not offload.exists()
+        outs[tier] = _export(out)
+    ram, disk = outs["ram"], outs["disk"]
+    assert sum(".mlp.experts." in k for k in ram) == 2 * NUM_EXPERTS * 3 * 3  # packed/scale/shape
+    assert sorted(ram) == sorted(disk)
+    assert all(ram[k].dtype == disk[k].dtype and torch.equal(ram[k], disk[k]) for k in ram)
