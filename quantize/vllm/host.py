@@ -23,6 +23,7 @@ from quantize.errors import VerifyError
 WORKER = Path(__file__).resolve().parent / "worker.py"
 DEFAULT_VLLM_VENV = ".venv-vllm"
 PROBE_TIMEOUT_S = 180
+PROBE_VERSION = 2  # 2: the CPU's FP8 GEMM time
 
 
 @dataclass
@@ -37,6 +38,9 @@ class Host:
     gpus: list[int] = field(default_factory=list)
     cpu_flags: list[str] = field(default_factory=list)
     problem: str | None = None  # why vLLM cannot be used at all
+    # CPU: ms for one 128x512x512 product in FP8 (torch._scaled_mm, vLLM's CPU FP8 W8A8
+    # kernel) and in bf16; empty when not measured (GPU, or a torch without FP8)
+    fp8_gemm_ms: dict[str, float] = field(default_factory=dict)
 
     def describe(self) -> str:
         if self.vllm_python is None or self.problem:
@@ -158,7 +162,9 @@ def _probe_cache_path(python: Path) -> Path:
     site = sorted(python.resolve().parent.parent.glob("lib/python*/site-packages/vllm*"))
     stamp = "|".join([str(python.resolve()), str(st.st_mtime_ns)]
                      + [f"{p.name}:{p.stat().st_mtime_ns}" for p in site])
-    key = hashlib.sha256((stamp + "|" + " ".join(cpu_flags())).encode()).hexdigest()[:16]
+    # PROBE_VERSION: a probe that learnt something new is not answered from an older cache
+    key = hashlib.sha256((f"{PROBE_VERSION}|{stamp}|" + " ".join(cpu_flags())).encode()
+                         ).hexdigest()[:16]
     return cache_root() / "vllm-probe" / f"{key}.json"
 
 
@@ -185,7 +191,8 @@ def detect(vllm_python: str | Path | None = None, *, workdir: Path | None = None
                     problem=f"vLLM does not import in {python}: {res.get('error')}")
     host = Host(str(python), res.get("vllm_version"),
                 "cuda" if res.get("gpus") else "cpu", res.get("isa", {}), res.get("ops", {}),
-                [g["capability"] for g in res.get("gpus", [])], flags)
+                [g["capability"] for g in res.get("gpus", [])], flags,
+                fp8_gemm_ms=res.get("fp8_gemm_ms") or {})
     from quantize.run.files import atomic_write_json
 
     atomic_write_json(cache, host.to_dict())

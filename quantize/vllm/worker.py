@@ -7,17 +7,14 @@ The request is JSON (a file, or `-` for stdin); the result is JSON written atomi
 --result. Ops:
 
 - `probe`: vLLM's version and platform, the CPU ISA torch sees (AVX-512, AMX, ...), the
-  custom kernels this build registered, and the GPU compute capabilities.
-- `generate`: load `model` in vLLM, decode greedily from the given token-id prompts, and
-  return the generated ids with the log-probability of each chosen token and the top-k, the
-  quantization method vLLM picked, and the scheme/kernel classes it bound to each layer.
-- `score`: load `model` and return, for each token-id sequence, the log-probability (and
-  rank) of each of its tokens from position `score_from` on, given the tokens before it: the
-  prompt log-probabilities eval's perplexity and multiple-choice scoring are computed from.
+  custom kernels this build registered, the GPU compute capabilities, the CPU's FP8 GEMM time.
+- `generate`: load `model`, decode greedily from token-id prompts; return the ids with each
+  chosen token's log-probability and top-k, vLLM's quantization method and layer kernels.
+- `score`: load `model`; for each token-id sequence, each token's log-probability and rank
+  from `score_from` on (what eval's perplexity and multiple-choice scores come from).
 
-The exit status is 0 when the result says `ok: true`. On failure the result holds vLLM's own
-error line. One process per checkpoint: after a failed load vLLM's global state is not
-reliably clean, so the caller starts a fresh process for every checkpoint.
+Exit status 0 when the result says `ok: true`; on failure it holds vLLM's own error line.
+One process per checkpoint (after a failed load vLLM's global state is not clean).
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 # Custom ops whose presence decides which quantized formats a CPU build can run.
 _CPU_OPS = ("cpu_gemm_wna16", "onednn_scaled_mm", "int8_scaled_mm", "static_scaled_fp8_quant",
@@ -42,7 +39,6 @@ _CPU_OPS = ("cpu_gemm_wna16", "onednn_scaled_mm", "int8_scaled_mm", "static_scal
 # --- the request (the JSON document the caller writes) ------------------------------------
 class EngineArgs(TypedDict, total=False):
     """vLLM's LLM(...) keyword arguments the worker sets (a request may add its own)."""
-
     model: str
     tokenizer: str
     tensor_parallel_size: int
@@ -60,7 +56,6 @@ class ScoreGroup(TypedDict):
 
 class Request(TypedDict, total=False):
     """The request JSON: `op` and what that op reads."""
-
     op: str
     model: str
     tp: int
@@ -78,9 +73,7 @@ class Request(TypedDict, total=False):
 
 # --- the results (written as JSON by main) ------------------------------------------------
 class LayerCount(TypedDict):
-    """One row of describe_model's tables (a plain dict: vLLM pickles it between its
-    workers when tp > 1)."""
-
+    """One row of describe_model's tables (a plain dict: vLLM pickles it when tp > 1)."""
     count: int
     example: str
 
@@ -101,6 +94,7 @@ class ProbeResult:
     kernel_import_error: str | None  # left out of the JSON when the kernels imported
     ops: dict[str, bool]
     gpus: list[Gpu]
+    fp8_gemm_ms: dict[str, float]  # CPU: one 128x512x512 product, FP8 (_scaled_mm) and bf16
 
 
 @dataclass
@@ -156,8 +150,7 @@ Result = ProbeResult | GenerateResult | ScoreResult
 
 
 def result_json(result: Result) -> dict[str, Any]:
-    """A result as the JSON object the caller reads (a probe leaves out a null
-    kernel_import_error: the key is there only when the kernels failed to import)."""
+    """A result as the JSON the caller reads (kernel_import_error only when they failed)."""
     out = asdict(result)
     if isinstance(result, ProbeResult) and result.kernel_import_error is None:
         del out["kernel_import_error"]
@@ -166,18 +159,14 @@ def result_json(result: Result) -> dict[str, Any]:
 
 def _root_cause(exc: BaseException) -> BaseException:
     seen = set()
-    while id(exc) not in seen:
+    while id(exc) not in seen and (exc.__cause__ or exc.__context__) is not None:
         seen.add(id(exc))
-        nxt = exc.__cause__ or exc.__context__
-        if nxt is None:
-            break
-        exc = nxt
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     return exc
 
 
 def error_line(exc: BaseException) -> str:
-    """`Type: first line` of the innermost exception, and of the outer one when it differs
-    (vLLM often wraps the real cause in a generic 'initialization failed')."""
+    """`Type: first line` of the innermost exception and of the outer one (vLLM wraps)."""
 
     def line(e: BaseException) -> str:
         text = [t.strip() for t in str(e).strip().splitlines() if t.strip()]
@@ -219,9 +208,31 @@ def probe(_req: Request) -> ProbeResult:
         for i in range(torch.cuda.device_count()):
             major, minor = torch.cuda.get_device_capability(i)
             gpus.append(Gpu(torch.cuda.get_device_name(i), major * 10 + minor))
+    device = getattr(current_platform, "device_type", "unknown")
     return ProbeResult(vllm.__version__, torch.__version__, type(current_platform).__name__,
-                       getattr(current_platform, "device_type", "unknown"), isa, kernel_error,
-                       ops, gpus)
+                       device, isa, kernel_error, ops, gpus,
+                       _fp8_gemm_ms(torch) if device == "cpu" else {})
+
+
+def _fp8_gemm_ms(torch: Any) -> dict[str, float]:
+    """vLLM's CPU FP8 W8A8 kernel is torch._scaled_mm, which some CPUs run emulated (~500x
+    bf16's time seen on an AMX host, torch 2.13): one small product of each, timed."""
+    a, b, one, out = torch.randn(128, 512), torch.randn(512, 512).t(), torch.ones(()), {}
+    f8 = torch.float8_e4m3fn
+    runs = {"bf16": lambda: a.bfloat16() @ b.bfloat16(), "fp8": lambda: torch._scaled_mm(
+        a.to(f8), b.to(f8), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)}
+    try:
+        for name, fn in runs.items():  # after a warm-up, the fastest of 3 (1 in FP8)
+            fn()
+            best = float("inf")
+            for _ in range(3 if name == "bf16" else 1):
+                t = time.perf_counter()
+                fn()
+                best = min(best, time.perf_counter() - t)
+            out[name] = round(best * 1000, 3)
+    except Exception:  # no FP8 GEMM in this torch: the load decides
+        return {}
+    return out
 
 
 def _has_op(namespace: Any, op: str) -> bool:
@@ -314,10 +325,7 @@ def generate(req: Request) -> GenerateResult:
 
 def _echo(kwargs: EngineArgs) -> EngineArgs:
     """The engine arguments a result reports (all but the model paths)."""
-    echo = kwargs.copy()
-    echo.pop("model", None)
-    echo.pop("tokenizer", None)
-    return echo
+    return cast(EngineArgs, {k: v for k, v in kwargs.items() if k not in ("model", "tokenizer")})
 
 
 def _engine(req: Request) -> tuple[Any, EngineArgs]:

@@ -112,6 +112,21 @@ def test_supported_formats(host: H.Host, cfg: dict[str, Any]) -> None:
     assert caps.supported(checkpoint_format(cfg), host).ok
 
 
+def test_an_emulated_fp8_gemm_sends_fp8_w8a8_to_the_decode_check() -> None:
+    """The probe's FP8 and bf16 times of one 128x512x512 product, measured on an AMX host whose
+    torch 2.13 runs torch._scaled_mm emulated (vLLM's CPU FP8 W8A8 kernel): 637.1 / 0.187 ms."""
+    import dataclasses
+
+    slow = dataclasses.replace(AMX, fp8_gemm_ms={"fp8": 637.1, "bf16": 0.187})
+    s = caps.supported(checkpoint_format(qconfig(F8CH, F8TOK)), slow)
+    assert not s.ok and "emulated" in s.reason and "(3407x;" in s.reason, s.reason
+    fast = dataclasses.replace(AMX, fp8_gemm_ms={"fp8": 0.5, "bf16": 0.187})
+    assert caps.supported(checkpoint_format(qconfig(F8CH, F8TOK)), fast).ok
+    assert caps.supported(checkpoint_format(qconfig(F8CH, F8TOK)), AMX).ok  # not measured
+    for other in (qconfig(W8CH, A8TOK), qconfig(W4G64)):  # INT kernels are not affected
+        assert caps.supported(checkpoint_format(other), slow).ok
+
+
 def test_kv_cache_override_makes_avx2_verifiable() -> None:
     fmt = checkpoint_format(qconfig(F8CH, F8TOK, KV))
     assert not caps.supported(fmt, AVX2, "auto").ok

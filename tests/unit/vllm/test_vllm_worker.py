@@ -10,13 +10,13 @@ from quantize.vllm import worker as W
 
 def _probe(error: str | None) -> W.ProbeResult:
     return W.ProbeResult("0.32.0", "2.9.0", "CpuPlatform", "cpu", {"avx512": True}, error,
-                         {"cpu_gemm_wna16": True}, [W.Gpu("H200", 90)])
+                         {"cpu_gemm_wna16": True}, [W.Gpu("H200", 90)], {})
 
 
 def test_probe_json_keeps_its_keys_and_leaves_out_a_null_kernel_error() -> None:
     ok = W.result_json(_probe(None))
     assert list(ok) == ["vllm_version", "torch_version", "platform", "device_type", "isa",
-                        "ops", "gpus"]
+                        "ops", "gpus", "fp8_gemm_ms"]
     assert ok["gpus"] == [{"name": "H200", "capability": 90}]
     failed = W.result_json(_probe("ImportError: no _C"))
     assert list(failed)[5] == "kernel_import_error"
