@@ -31,7 +31,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fixtures import pause
 from fixtures.hub import FakeHub
-from fixtures.pause import FAKE_TOKEN, cmd, env, stage_hashes, start_paused, wait_for_pause
+from fixtures.pause import (
+    FAKE_TOKEN,
+    cmd,
+    env,
+    sigint_default,
+    stage_hashes,
+    start_paused,
+    wait_for_pause,
+)
 
 suite, reference = pause.suite, pause.reference  # module fixtures shared with the fault matrix
 
@@ -188,7 +196,7 @@ def _publish_killed(point: str, sig: signal.Signals, run_dir: Path, hub: FakeHub
     else:
         hold = hub.hold("POST", r"/commit/main$", lose=point == "commit-lost")
     proc = subprocess.Popen(publish_cmd(run_dir), env=e, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     if hold is None:
         wait_for_pause(proc, marker)
     else:
