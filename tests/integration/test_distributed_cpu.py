@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.tiers import quantize_both_tiers
 
 from quantize.pipeline import RunOptions, run
 
@@ -113,27 +114,13 @@ def test_disk_offload_gives_the_same_export(tiny_model: Path, tmp_path: Path) ->
     (a copy of the weights) must be gone afterwards."""
     from transformers import AutoTokenizer
 
-    from quantize.backends import QuantizeJob
-    from quantize.backends.llmcompressor import BACKEND
-    from quantize.spec.recipe import load_recipe
     from quantize.stages.calibrate import BUILTIN_TEXT
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     ids = tok(BUILTIN_TEXT["wiki"].read_text(encoding="utf-8"))["input_ids"]
     samples = [ids[i * 128:(i + 1) * 128] for i in range(4)]
-    outs = {}
-    for tier in ("ram", "disk"):
-        out = tmp_path / tier / "quantize"
-        out.mkdir(parents=True)
-        offload = tmp_path / tier / ".offload"
-        job = QuantizeJob(tiny_model, load_recipe("gptq-int4"), 64, samples, "cpu",
-                          host_tier=tier, cpu_budget=3_000_000 if tier == "disk" else None,
-                          offload_dir=offload if tier == "disk" else None)
-        summary = BACKEND.quantize(job, out)
-        assert summary.get("disk_offload", False) == (tier == "disk")
-        assert not offload.exists()
-        outs[tier] = _tensors(out)
-    ram, disk = outs["ram"], outs["disk"]
+    outs = quantize_both_tiers(tiny_model, samples, 3_000_000, tmp_path)
+    ram, disk = _tensors(outs["ram"]), _tensors(outs["disk"])
     assert {k: (v.dtype, v.shape) for k, v in ram.items()} == \
         {k: (v.dtype, v.shape) for k, v in disk.items()}
     assert all(bool((ram[k] == disk[k]).all()) for k in ram)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures.moe import NUM_EXPERTS, build_moe
+from fixtures.tiers import quantize_both_tiers
 
 from quantize.errors import RecipeError
 from quantize.model.moe import COVERAGE_FILE
@@ -79,23 +80,10 @@ def test_disk_tier_gives_the_same_moe_export(moe_model: Path, tmp_path: Path) ->
     offloaded fused experts, and the export is the one the RAM tier writes, bit for bit."""
     import torch
 
-    from quantize.backends import QuantizeJob
-    from quantize.backends.llmcompressor import BACKEND
-
     size = sum(f.stat().st_size for f in moe_model.glob("*.safetensors"))
     samples = [[(i * 7 + j * 13) % 500 + 3 for j in range(32)] for i in range(2)]
-    outs = {}
-    for tier in ("ram", "disk"):
-        out = tmp_path / tier / "quantize"
-        out.mkdir(parents=True)
-        offload = tmp_path / tier / ".offload"
-        job = QuantizeJob(moe_model, load_recipe("gptq-int4"), 64, samples, "cpu",
-                          host_tier=tier, cpu_budget=size * 9 // 10 if tier == "disk" else None,
-                          offload_dir=offload if tier == "disk" else None)
-        assert BACKEND.quantize(job, out).get("disk_offload", False) == (tier == "disk")
-        assert not offload.exists()
-        outs[tier] = _export(out)
-    ram, disk = outs["ram"], outs["disk"]
+    outs = quantize_both_tiers(moe_model, samples, size * 9 // 10, tmp_path)
+    ram, disk = _export(outs["ram"]), _export(outs["disk"])
     assert sum(".mlp.experts." in k for k in ram) == 2 * NUM_EXPERTS * 3 * 3  # packed/scale/shape
     assert sorted(ram) == sorted(disk)
     assert all(ram[k].dtype == disk[k].dtype and torch.equal(ram[k], disk[k]) for k in ram)
