@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -212,6 +213,29 @@ def setup(out: Path) -> None:
     print(json.dumps(facts, indent=1))
 
 
+def mem_timeline(pid: int, out: Path, done: threading.Event) -> None:
+    """Every 5 s: seconds, the host's MemAvailable and the job's anonymous, shared-memory and
+    file-backed resident GiB (/proc), so that a host OOM says which phase outgrew its plan."""
+    def gib(text: str, key: str) -> str:
+        for line in text.splitlines():
+            if line.startswith(key):
+                return f"{int(line.split()[1]) / 2**20:.1f}"
+        return "-"
+    t0 = time.monotonic()
+    with out.open("a") as f:
+        f.write("s avail anon shmem file\n")
+        while not done.wait(5):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                status = ""
+            mem = Path("/proc/meminfo").read_text()
+            f.write(f"{time.monotonic() - t0:.0f} {gib(mem, 'MemAvailable')} "
+                    f"{gib(status, 'RssAnon')} {gib(status, 'RssShmem')} "
+                    f"{gib(status, 'RssFile')}\n")
+            f.flush()
+
+
 class Session:
     def __init__(self, out: Path, deadline_s: float) -> None:
         self.out = out
@@ -233,12 +257,22 @@ class Session:
             proc = subprocess.Popen([sys.executable, "-m", *argv], cwd=ROOT, env=env(),
                                     stdout=f, stderr=subprocess.STDOUT,
                                     start_new_session=True)
+            done = threading.Event()
+            timeline = threading.Thread(target=mem_timeline,
+                                        args=(proc.pid, self.logs / f"{label}.mem", done))
+            timeline.start()
             try:
                 rc: int | None = proc.wait(timeout=max(timeout, 1))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
                 proc.wait()
                 rc = None
+            done.set()
+            timeline.join()
+            if rc != 0:  # an OOM kill shows only in the kernel's log
+                k = subprocess.run(["dmesg"], capture_output=True, text=True)
+                f.write("=== dmesg (last 8 lines)\n" + "\n".join(
+                    (k.stdout or k.stderr).splitlines()[-8:]) + "\n")
         return rc, time.monotonic() - t0
 
     def tokenizer(self) -> Path:
@@ -315,7 +349,7 @@ class Session:
         rows = [json.loads(p.read_text()) for p in sorted(self.rows_dir.glob("*.json"))]
         (self.out / "rows.json").write_text(json.dumps(rows, indent=1))
         tails = []
-        for p in sorted(self.logs.glob("*.log")):
+        for p in sorted([*self.logs.glob("*.log"), *self.logs.glob("*.mem")]):
             lines = p.read_text(errors="replace").replace("\r", "\n").splitlines()
             tails.append(f"##### {p.name}\n" + "\n".join(lines[-80:]))
         (self.out / "logs.txt").write_text("\n".join(tails))
