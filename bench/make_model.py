@@ -40,10 +40,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 # Presets read from a shipped public config (quantize/data/model_configs/), built through
 # AutoModelForCausalLM: the MoE architecture of issue #18 (30.5 B parameters, 56.9 GiB bf16).
-# "-12l": the same layers, 12 of its 48 (14.3 GiB): the placement rows that must fit one call
+# "-12l": the same layers, 12 of its 48 (14.3 GiB): the placement rows that must fit one call;
+# "-2l": 2 of them (3.5 GiB), for profiling the same code path on a CPU
 SHIPPED: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3-30b-a3b": ("Qwen--Qwen3-30B-A3B.json", {}),
     "qwen3-30b-a3b-12l": ("Qwen--Qwen3-30B-A3B.json", {"num_hidden_layers": 12}),
+    "qwen3-30b-a3b-2l": ("Qwen--Qwen3-30B-A3B.json", {"num_hidden_layers": 2}),
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja")

@@ -68,7 +68,9 @@ def child(model_dir: Path, tier: str, offload: Path) -> dict[str, Any]:
 
     def watched(model: Any) -> Any:
         row["after_load_gib"], peak[0] = _anon(), _anon()
+        t0 = time.perf_counter()
         out = linearize(model)
+        row["linearize_s"] = time.perf_counter() - t0
         row["peak_linearize_gib"], row["after_linearize_gib"] = peak[0], _anon()
         return out
 

@@ -85,6 +85,10 @@ TARGETS: list[tuple[str, str, str]] = [
     ("transformers.modeling_utils", "PreTrainedModel.save_pretrained", "save_write"),
     ("transformers", "AutoTokenizer.from_pretrained", "load_tokenizer"),
     ("datasets", "Dataset.from_dict", "dataset"),
+    # fused experts to per-expert Linears: the pipeline's own per-layer pass (right after
+    # loading) and the one oneshot runs on a fused model
+    ("quantize.model.moe", "linearize", "linearize"),
+    ("llmcompressor.entrypoints.oneshot", "linearize_moe", "linearize"),
     ("llmcompressor.pipelines.sequential.pipeline", "trace_subgraphs", "trace"),
     ("llmcompressor.pipelines.sequential.helpers", "Subgraph.forward", "forward"),
     ("llmcompressor.pipelines.cache", "IntermediatesCache.from_dataloader", "act_cache_init"),
@@ -182,6 +186,7 @@ def group_phases(phases: dict[str, float]) -> dict[str, float]:
     """Fold the fine regions into the phases the results table reports."""
     groups = {
         "load": ("load_model", "load_tokenizer"),
+        "linearize": ("linearize",),
         "data": ("dataset", "q_calibrate", "q_calib_load", "tokenize"),
         "trace": ("trace",),
         "forward": ("forward",),
