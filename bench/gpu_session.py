@@ -50,7 +50,7 @@ SAME = ["--tf32", "--offload-device", "cuda", "--batch-size", "8", "--fast-hessi
 # label -> (needs, estimated seconds, argv after `python -m`)
 JOBS: dict[str, tuple[str, int, list[str]]] = {
     "moe-build": ("", 150, ["bench.make_model", "--preset", "qwen3-30b-a3b"]),
-    "moe-gptq-pipeline": ("moe", 260, ["--mode", "pipeline", "--recipe", "gptq-int4",
+    "moe-gptq-pipeline": ("moe", 200, ["--mode", "pipeline", "--recipe", "gptq-int4",
                                        "--calib", C32]),
     # all-expert calibration off (bench/variants/gptq-int4-routed.yaml), and plain oneshot
     # with the pipeline's settings for the same-call comparison

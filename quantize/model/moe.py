@@ -224,10 +224,34 @@ def linearize(model: Any) -> Any:
     for name in names:
         fused = model.get_submodule(name)
         make = LinearExperts2D.get_linear_experts_cls(fused.__class__).from_experts_module
-        model.set_submodule(name, make(fused, getattr(fused, "config", model.config)))
+        with _built_on(fused):
+            model.set_submodule(name, make(fused, getattr(fused, "config", model.config)))
         release_module(fused)
         trim_heap()
     return model
+
+
+def _built_on(fused: Any) -> Any:
+    """Where the per-expert Linears are created: on the fused module's own device when it
+    is one plain device (a resident GPU model), else torch's default (the host).
+    `from_experts_module` builds them on the default device and copies each expert into
+    them, then moves them to the fused module's device: on a GPU-resident model every
+    expert made a round trip through host memory (1.1 s a layer for Qwen3-30B-A3B's 128
+    experts on an H200, a quarter of a 12-layer fp8-dynamic run; bench/RESULTS.md). An
+    offloaded module (compressed-tensors' caches: the onload placement's host and disk
+    tiers) keeps the library's path."""
+    import contextlib
+
+    import torch
+    from compressed_tensors.offload.cache import OffloadCache
+
+    devices = set()
+    for mod in fused.modules():
+        if isinstance(mod._parameters, OffloadCache) or isinstance(mod._buffers, OffloadCache):
+            return contextlib.nullcontext()
+        devices |= {t.device for t in (*mod._parameters.values(), *mod._buffers.values())
+                    if t is not None}
+    return torch.device(devices.pop()) if len(devices) == 1 else contextlib.nullcontext()
 
 
 def load_linearized(ckpt: Path, config: ModelConfig) -> Any:

@@ -185,3 +185,30 @@ def test_linearize_under_disk_offload_holds_no_layer_after_it(
     finally:
         gc.enable()
     assert seen["after"] - seen["before"] < layer // 2, (seen, layer)
+
+
+def test_per_expert_linears_are_built_on_the_fused_modules_device() -> None:
+    """A model that is not offloaded gets its per-expert Linears created on the device its
+    fused experts are on, not on torch's default device (on a GPU-resident model: no round
+    trip through host memory). Shown with the default device set to meta: the host model's
+    experts still come out on the host, with the library's own `linearize_moe` values,
+    tensor for tensor."""
+    from llmcompressor.modeling.moe.linearize import linearize_moe
+    from transformers import AutoModelForCausalLM
+
+    cfg = CONFIGS["qwen3_moe"](_Tok())
+    torch.manual_seed(0)
+    ours = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    theirs = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    theirs.load_state_dict(ours.state_dict())
+    default = torch.get_default_device()
+    torch.set_default_device("meta")
+    try:
+        moe.linearize(ours)
+    finally:
+        torch.set_default_device(default)
+    linearize_moe(theirs)
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert a.keys() == b.keys() and any(".experts.0.gate_proj." in k for k in a)
+    assert {t.device.type for t in a.values()} == {"cpu"}
+    assert all(torch.equal(a[k], b[k]) for k in a)
