@@ -110,16 +110,23 @@ def fused_expert_projections(model: Any, targets: list[str], ignore: list[str]
         if not type(mod).__name__.endswith("Experts") or is_match(name, mod, ignore):
             continue
         for pname, p in mod.named_parameters(recurse=False):
-            if p.ndim != 3:
-                continue
-            e, a, b = (int(x) for x in p.shape)
-            out_f, in_f = (b, a) if getattr(mod, "is_transposed", False) else (a, b)
-            if pname == "gate_up_proj":
-                out += [(f"{name}.0.{proj}", in_f, out_f // 2, e) for proj in ("gate_proj",
-                                                                               "up_proj")]
-            else:
-                out.append((f"{name}.0.{pname}", in_f, out_f, e))
+            if p.ndim == 3:
+                out += [(f"{name}.0.{proj}", in_f, out_f, e)
+                        for proj, in_f, out_f, e in expert_linears(mod, pname, tuple(p.shape))]
     return out
+
+
+def expert_linears(experts: Any, pname: str, shape: tuple[int, ...]
+                   ) -> list[tuple[str, int, int, int]]:
+    """(projection, in_features, out_features, experts) of the per-expert Linears that one
+    fused 3-D tensor `pname` of the experts module becomes: [E, out, in], or [E, in, out]
+    where the module says `is_transposed` (gpt-oss); a concatenated `gate_up_proj` holds gate
+    and up halves along out."""
+    e, a, b = (int(x) for x in shape)
+    out_f, in_f = (b, a) if getattr(experts, "is_transposed", False) else (a, b)
+    if pname == "gate_up_proj":
+        return [(proj, in_f, out_f // 2, e) for proj in ("gate_proj", "up_proj")]
+    return [(pname, in_f, out_f, e)]
 
 
 _EXPERT_LAYER = re.compile(r"^(?P<base>.+\.experts)\.(?P<e>\d+)\."

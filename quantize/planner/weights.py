@@ -18,6 +18,7 @@ from typing import Any
 
 from quantize.errors import QuantizeError
 from quantize.model.config import ModelConfig
+from quantize.model.moe import expert_linears
 from quantize.model.qconfig import (
     Args,
     QuantConfig,
@@ -129,30 +130,51 @@ def estimate_weights(model: Any, dtype_bytes: int, plan: LayerPlan) -> WeightEst
             size = linear_bytes(param.shape[0], param.shape[1], fmt, dtype_bytes)
             quantized += size
         elif param.ndim == 3 and plan.experts_fmt is not None and _is_experts(modules[owner]):
-            size = _experts_bytes(pname, tuple(param.shape), plan.experts_fmt, dtype_bytes)
+            fmt = plan.experts_fmt  # exported as one Linear per expert projection
+            size = sum(e * linear_bytes(out_f, in_f, fmt, dtype_bytes) for _, in_f, out_f, e
+                       in expert_linears(modules[owner], pname, tuple(param.shape)))
             quantized += size
         else:
-            size = param.numel() * dtype_bytes
+            size = param.numel() * _stored_bytes(model, name, dtype_bytes)
         if param.ndim == 1 or _REPLICATED.search(name):
             replicated += size
         total += size
         if pname == "weight" and owner.endswith(("k_proj", "kv_b_proj")):
             attention_layers += 1
+    for _name, size in _persistent_buffers(model, dtype_bytes):  # e.g. DeepSeek's router bias
+        total += size
+        replicated += size
     if plan.kv_scales:  # k_scale and v_scale per attention layer, model dtype
         total += 2 * attention_layers * dtype_bytes
         replicated += 2 * attention_layers * dtype_bytes
     return WeightEstimate(total, replicated, quantized)
 
 
+def _stored_bytes(model: Any, name: str, dtype_bytes: int) -> int:
+    """Bytes per element of a tensor in the checkpoint: fp32 for what the model class keeps
+    in fp32 whatever the dtype (transformers' `_keep_in_fp32_modules_strict`, matched on name
+    components: DeepSeek-V3's `e_score_correction_bias`), else the model's dtype. The
+    non-strict list (gpt-oss's norms) is cast with the model: its exports store them in
+    bf16 (measured on the tiny fixtures, bench/moe_matrix.py)."""
+    keep = set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    return 4 if keep & set(name.split(".")) else dtype_bytes
+
+
+def _persistent_buffers(model: Any, dtype_bytes: int) -> list[tuple[str, int]]:
+    """(name, bytes) of the buffers a checkpoint stores (persistent ones: the state dict's;
+    rotary tables are not)."""
+    out = []
+    for mod_name, mod in model.named_modules():
+        skip = getattr(mod, "_non_persistent_buffers_set", set())
+        for bname, buf in mod.named_buffers(recurse=False):
+            if buf is not None and bname not in skip:
+                name = f"{mod_name}.{bname}" if mod_name else bname
+                out.append((name, buf.numel() * _stored_bytes(model, name, dtype_bytes)))
+    return out
+
+
 def _is_experts(module: Any) -> bool:
     return type(module).__name__.endswith("Experts")
-
-
-def _experts_bytes(pname: str, shape: tuple[int, ...], fmt: WeightFormat, dtype_bytes: int) -> int:
-    experts, out, inp = shape
-    if "gate_up" in pname:  # exported as separate gate_proj and up_proj per expert
-        return experts * 2 * linear_bytes(out // 2, inp, fmt, dtype_bytes)
-    return experts * linear_bytes(out, inp, fmt, dtype_bytes)
 
 
 @functools.lru_cache(maxsize=8)

@@ -160,6 +160,71 @@ def test_moe_experts_are_quantized_and_mla_projections_replicated() -> None:
     assert base.replicated > 0 and base.per_rank(2) > base.total / 2
 
 
+
+@pytest.mark.parametrize("arch", ["gpt_oss", "qwen3_moe"])
+def test_fused_experts_count_one_scale_per_output_row(arch: str) -> None:
+    """Per-channel formats store one scale per output row, so an expert tensor's layout
+    matters: gpt-oss stores `down_proj` as [E, in, out] (`is_transposed`), Qwen3-MoE as
+    [E, out, in]. The estimate counts each expert projection as the Linear the export writes
+    (it had read gpt-oss's down_proj as 64 outputs instead of 128: 2,048 bytes short of the
+    tiny model's fp8-dynamic export, exact now)."""
+    from fixtures.moe import CONFIGS
+    from transformers import AutoModelForCausalLM
+
+    from quantize.planner.weights import linear_bytes
+
+    class Tok:
+        bos_token_id, eos_token_id, pad_token_id = 1, 2, 2
+
+        def __len__(self) -> int:
+            return 512
+
+    cfg = CONFIGS[arch](Tok())
+    import torch
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    plan = P.recipe_layers(model, load_recipe("fp8-dynamic"), None)
+    assert plan.experts_fmt is not None
+    dense_experts = P.LayerPlan(plan.formats, None)
+    hidden = cfg.hidden_size
+    inter = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    experts = getattr(cfg, "num_experts", None) or cfg.num_local_experts
+    per_layer = experts * (2 * linear_bytes(inter, hidden, plan.experts_fmt, 2)
+                           + linear_bytes(hidden, inter, plan.experts_fmt, 2)
+                           - 3 * inter * hidden * 2)
+    got = P.estimate_weights(model, 2, plan).total - P.estimate_weights(model, 2,
+                                                                       dense_experts).total
+    assert got == cfg.num_hidden_layers * per_layer
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss"])
+def test_unquantized_estimate_is_the_checkpoints_bytes(arch: str, tmp_path: Path,
+                                                       default_model: Path) -> None:
+    """The planner's estimate of a model as it stands is the tensor bytes of the bf16
+    checkpoint transformers writes after loading it (as every export is written), to the
+    byte, for every tiny MoE fixture: stored buffers count (DeepSeek-V3's router
+    `e_score_correction_bias`, which from_pretrained keeps in fp32; the estimate was 64 bytes
+    short) and rotary tables do not."""
+    import struct
+
+    import torch
+    from fixtures.moe import build_moe
+    from transformers import AutoModelForCausalLM
+
+    from quantize.model.config import read_config
+
+    src = build_moe(arch, tmp_path / arch, default_model)
+    ckpt = tmp_path / "saved"
+    AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).save_pretrained(ckpt)
+    stored = 0
+    for f in ckpt.glob("*.safetensors"):
+        with open(f, "rb") as fh:
+            (header,) = struct.unpack("<Q", fh.read(8))
+        stored += f.stat().st_size - 8 - header
+    model = P.meta(read_config(ckpt))
+    assert P.estimate_weights(model, 2, P.LayerPlan({}, None)).total == stored
+
 # --- vLLM's KV budget against published start-up logs -------------------------------------
 # Every row: a vLLM start-up log that prints `GPU KV cache size: N tokens` (and usually the
 # memory breakdown). `cal` marks the rows the VllmProfile constants were fitted on; the rest
