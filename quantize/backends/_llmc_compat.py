@@ -71,3 +71,42 @@ def apply_distributed() -> None:
         module = importlib.import_module(name)
         if getattr(module, "broadcast_qparams_and_cleanup", None) is original:
             setattr(module, "broadcast_qparams_and_cleanup", synchronised)  # noqa: B010
+
+
+# --- AWQ on DeepSeek-V3 -----------------------------------------------------------------
+_ROUTER = "re:.*mlp.gate$"
+
+
+def awq_mappings(model: object) -> list[object] | None:
+    """llm-compressor 0.14.0.1 maps DeepseekV3ForCausalLM to AWQ mappings that balance the
+    router (`mlp.gate`) with the experts after `post_attention_layernorm`. DeepSeek-V3's
+    first `first_k_dense_replace` layers (3 in the real model) are dense and have no router,
+    and its matcher then groups every layer's norm into one set: AWQ stops with "AWQ needs to
+    match a single smoothlayer for each mapping". (For DeepSeek-V2 the library drops the
+    router from the mapping instead; but the router reads the smoothed norm, so leaving it
+    out of the balance would change its inputs and so the routing.) Here the one mapping is
+    split in two: the dense layers' norms balance their MLP, the MoE layers' norms balance
+    router and experts as the library intends. None: the library's own mappings fit."""
+    from llmcompressor.modifiers.transform.awq.mappings import AWQ_MAPPING_REGISTRY, AWQMapping
+
+    config = getattr(model, "config", None)
+    dense = int(getattr(config, "first_k_dense_replace", 0) or 0)
+    name = type(model).__name__
+    if name not in AWQ_MAPPING_REGISTRY or name != "DeepseekV3ForCausalLM" or dense <= 0:
+        return None
+    indices = "|".join(str(i) for i in range(dense))
+    dense_layers, moe_layers = rf"layers\.({indices})\.", rf"layers\.(?!({indices})\.)\d+\."
+
+    def within(layers: str, pattern: str) -> str:  # "re:.*gate_proj$" in those layers only
+        return f"re:.*{layers}.*{pattern.removeprefix('re:.*')}"
+
+    out: list[object] = []
+    for m in AWQ_MAPPING_REGISTRY[name]:
+        if _ROUTER not in m.balance_layers:
+            out.append(m)
+            continue
+        out.append(AWQMapping(within(dense_layers, m.smooth_layer),
+                              [within(dense_layers, b) for b in m.balance_layers if b != _ROUTER]))
+        out.append(AWQMapping(within(moe_layers, m.smooth_layer),
+                              [within(moe_layers, b) for b in m.balance_layers]))
+    return out

@@ -66,9 +66,10 @@ def config_groups(recipe: Recipe, group_size: int | None) -> dict[str, Quantizat
     return groups
 
 
-def build_modifiers(recipe: Recipe, group_size: int | None) -> list[Any]:
+def build_modifiers(recipe: Recipe, group_size: int | None, model: Any = None) -> list[Any]:
     """The llm-compressor modifier list a recipe stands for (one entry per method of
-    quantize.spec.methods.METHODS)."""
+    quantize.spec.methods.METHODS); `model` lets AWQ take mappings the library gets wrong
+    for it (quantize.backends._llmc_compat.awq_mappings)."""
     from compressed_tensors.quantization import QuantizationArgs
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
     from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
@@ -84,15 +85,19 @@ def build_modifiers(recipe: Recipe, group_size: int | None) -> list[Any]:
     if recipe.method in ("awq", "awq+gptq"):  # AWQ smooths; a quantizer modifier follows
         from llmcompressor.modifiers.transform.awq import AWQModifier
 
+        from quantize.backends._llmc_compat import awq_mappings
+
         awq = recipe.awq or AWQOptions()
+        mapped = awq_mappings(model)
+        kw: dict[str, Any] = {} if mapped is None else {"mappings": mapped}
         if awq.search_samples is None:  # the library's search, on every sample
-            mods.append(AWQModifier(n_grid=awq.n_grid, duo_scaling=awq.duo_scaling))
+            mods.append(AWQModifier(n_grid=awq.n_grid, duo_scaling=awq.duo_scaling, **kw))
         else:
             from quantize.backends._awq_search import SubsetSearchAWQModifier
 
             mods.append(SubsetSearchAWQModifier(
                 n_grid=awq.n_grid, duo_scaling=awq.duo_scaling,
-                search_samples=awq.search_samples))
+                search_samples=awq.search_samples, **kw))
     if recipe.method in ("gptq", "awq+gptq"):
         opts = recipe.gptq or GPTQOptions()
         mods.append(GPTQModifier(block_size=opts.block_size, dampening_frac=opts.dampening_frac,
@@ -205,7 +210,7 @@ def calibrate(model: Any, tokenizer: Any, job: QuantizeJob, samples: list[list[i
         with contextlib.redirect_stdout(io.StringIO()), fast_hessian(gpu), \
                 sdpa_in_traced_layers(model, gpu):
             oneshot(model=model, processor=tokenizer,
-                    log_dir=str(log_dir), recipe=build_modifiers(recipe, job.group_size),
+                    log_dir=str(log_dir), recipe=build_modifiers(recipe, job.group_size, model),
                     **kwargs)
     except (ValueError, RuntimeError, TypeError) as exc:
         msg = first_line(exc)

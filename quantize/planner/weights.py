@@ -165,7 +165,7 @@ def _persistent_buffers(model: Any, dtype_bytes: int) -> list[tuple[str, int]]:
     rotary tables are not)."""
     out = []
     for mod_name, mod in model.named_modules():
-        skip = getattr(mod, "_non_persistent_buffers_set", set())
+        skip: set[str] = getattr(mod, "_non_persistent_buffers_set", set())
         for bname, buf in mod.named_buffers(recurse=False):
             if buf is not None and bname not in skip:
                 name = f"{mod_name}.{bname}" if mod_name else bname
