@@ -382,6 +382,10 @@ def weight_similarity(decoded: dict[str, torch.Tensor], src: Path) -> tuple[floa
     from safetensors import safe_open
 
     worst = (1.0, "")
+    shapes: dict[str, Any] = {}  # every source tensor's shape, whichever shard holds it
+    for f in sorted(src.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            shapes |= {k: fh.get_slice(k).get_shape() for k in fh.keys()}  # noqa: SIM118
     for f in sorted(src.glob("*.safetensors")):
         with safe_open(str(f), "pt") as fh:
             keys = set(fh.keys())
@@ -389,7 +393,8 @@ def weight_similarity(decoded: dict[str, torch.Tensor], src: Path) -> tuple[floa
                 if name + ".weight" in keys:
                     d = fh.get_tensor(name + ".weight").float()
                 else:  # an MoE expert: cut from the source's fused expert tensors
-                    d = moe.fused_source_weight(fh.get_tensor, keys, name, tuple(w.shape))
+                    d = moe.fused_source_weight(fh.get_tensor, shapes.__getitem__, keys,
+                                                name, tuple(w.shape), set(shapes))
                     if d is None:
                         continue
                 c = _column_cosine(w, d) if d.shape == w.shape else 0.0

@@ -133,22 +133,33 @@ _EXPERT_LAYER = re.compile(r"^(?P<base>.+\.experts)\.(?P<e>\d+)\."
                            r"(?P<proj>gate_proj|up_proj|down_proj)$")
 
 
-def fused_source_weight(get: Any, keys: set[str], name: str, shape: tuple[int, ...]
-                        ) -> torch.Tensor | None:
+def fused_source_weight(get: Any, shape_of: Any, keys: set[str], name: str,
+                        shape: tuple[int, ...], all_keys: set[str]) -> torch.Tensor | None:
     """A source model's weight for one exported expert layer `name` (`...experts.<i>.<proj>`),
     cut from transformers 5's fused tensors: `gate_up_proj` [E, 2I, H] holds gate then up
     (Qwen3-MoE, Mixtral, DeepSeek), or [E, H, 2I] transposed with gate and up interleaved
-    (gpt-oss); `down_proj` [E, H, I] or [E, I, H]. `get(key)` reads a tensor; `shape` is the
-    exported layer's [out, in]. None when the source holds no such tensor."""
+    (gpt-oss); `down_proj` [E, H, I] or [E, I, H]. `get(key)` reads a tensor of this shard
+    (`keys`), `shape_of(key)` the shape of any of the source's tensors (`all_keys`); `shape` is
+    the exported layer's [out, in]. None when this shard holds no such tensor.
+
+    The layout is read from both fused tensors together: untransposed, gate_up's last
+    dimension and down's middle one are both H; transposed, gate_up's middle and down's last
+    are. One tensor alone cannot tell a square one (gpt-oss-20b's down_proj is 2880 x 2880;
+    the tiny fixture's gate_up 128 x 128), which made verify compare gpt-oss experts with
+    the wrong orientation (cosine 0.07)."""
     m = _EXPERT_LAYER.match(name)
     if m is None:
         return None
-    fused = m["base"] + (".down_proj" if m["proj"] == "down_proj" else ".gate_up_proj")
+    gate_up, down = m["base"] + ".gate_up_proj", m["base"] + ".down_proj"
+    fused = down if m["proj"] == "down_proj" else gate_up
     if fused not in keys:
         return None
     t = get(fused)[int(m["e"])].float()
-    out_f, in_f = shape
-    transposed = t.shape[0] == in_f and t.shape[1] != in_f
+    out_f, _ = shape
+    if gate_up in all_keys and down in all_keys:
+        transposed = tuple(shape_of(gate_up))[1] == tuple(shape_of(down))[2]
+    else:  # a layout with one fused tensor: by the exported layer's shape
+        transposed = t.shape[0] == shape[1] and t.shape[1] != shape[1]
     if transposed:
         t = t.transpose(0, 1)
     if m["proj"] != "down_proj":

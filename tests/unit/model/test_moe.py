@@ -252,3 +252,25 @@ def test_group_size_auto_counts_the_fused_experts(arch: str) -> None:
     assert experts["down_proj"].in_features == inter
     assert (experts["gate_proj"].in_features, experts["gate_proj"].out_features) == (128, inter)
     assert resolve_group_size(load_recipe("w8a16-int8"), layers) == inter
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_source_weight_is_cut_from_the_fused_tensors_in_the_layout_stored(
+        arch: str, tmp_path: Path, default_model: Path) -> None:
+    """What verify compares each exported expert with: the slice of the source's fused
+    tensors that llm-compressor's per-expert Linear holds, for every architecture. The tiny
+    gpt-oss stores gate_up as a square [E, 128, 128] (transposed, gate and up interleaved),
+    where the layout cannot be read from that tensor alone (verify had compared it with the
+    wrong orientation: cosine 0.07)."""
+    from fixtures.moe import build_moe
+    from transformers import AutoModelForCausalLM
+
+    from quantize.model.decode import weight_similarity
+
+    src = build_moe(arch, tmp_path / arch, default_model)
+    model = moe.linearize(AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16))
+    linears = {n: m.weight.detach().float() for n, m in model.named_modules()
+               if ".experts." in n and isinstance(m, torch.nn.Linear)}
+    assert len(linears) >= 2 * NUM_EXPERTS * 3
+    cosine, layer = weight_similarity(linears, src)
+    assert cosine > 0.9999, (cosine, layer)
