@@ -7,9 +7,13 @@
 - during it, a forward hook on every router counts the tokens its real top-k sends to each
   expert (the indices the router returns, whatever the engine then runs: llm-compressor's
   `moe_calibrate_all_experts` feeds every token to every expert, but the router's choice is
-  what serving does). llm-compressor's sequential pipeline runs each layer twice (calibrate,
-  then propagate with its hooks disabled) and AWQ re-runs layers for its grid search with its
-  hooks disabled; the counter follows the same switch, so each calibration token counts once;
+  what serving does). Each calibration token counts once: llm-compressor's sequential
+  pipeline runs each layer twice (calibrate, then propagate with its hooks disabled) and AWQ
+  re-runs layers for its grid search with its hooks disabled, which the counter follows; other
+  forwards run with the hooks on (a second calibration pass of SmoothQuant + GPTQ in
+  w8a8-int8, AutoRound's 200 tuning iterations over each layer's cached inputs: measured 2x
+  and 40-170x the tokens on the tiny MoE fixtures), so each router counts the first pass over
+  the calibration tokens only (`budget`, the tokens of this process's samples) and no more;
 - after it, `moe_coverage.json` (quantize.model.moe.ExpertCoverage) is written into the
   quantize stage's folder, from where the export carries it.
 
@@ -59,9 +63,13 @@ class RoutingCounter:
     """Counts, per router, the tokens its top-k sends to each expert."""
 
     def __init__(self, routers: dict[str, torch.nn.Module], top_k: int, *,
-                 follow_engine: bool = True):
+                 follow_engine: bool = True, budget: int | None = None):
         self.routers, self.top_k, self.follow_engine = routers, top_k, follow_engine
+        # tokens one pass over the calibration data routes through each router; later
+        # forwards (re-runs of the same tokens) are not counted. None: count every forward
+        self.budget = budget
         self.counts: dict[str, torch.Tensor] = {}
+        self.seen: dict[str, int] = {}
         self._handles: list[Any] = []
 
     def _indices(self, output: Any) -> Any:
@@ -84,7 +92,12 @@ class RoutingCounter:
         def hook(_mod: Any, _args: Any, output: Any) -> None:
             if self.follow_engine and _hooks_disabled():
                 return
-            idx = self._indices(output).reshape(-1).to("cpu", torch.int64)
+            rows = self._indices(output)
+            rows = rows.reshape(-1, rows.shape[-1]) if rows.dim() else rows.reshape(1, 1)
+            if self.budget is not None:  # the first pass's tokens only
+                rows = rows[: max(self.budget - self.seen[name], 0)]
+            self.seen[name] += int(rows.shape[0])
+            idx = rows.reshape(-1).to("cpu", torch.int64)
             idx = idx[(idx >= 0) & (idx < experts)]
             self.counts[name] = self.counts[name] + torch.bincount(idx, minlength=experts)
 
@@ -98,6 +111,7 @@ class RoutingCounter:
             # tier) onloads its weight as a plain tensor, which get_parameter refuses
             experts = int(cast("torch.Tensor", mod.weight).shape[0])
             self.counts[name] = torch.zeros(experts, dtype=torch.int64)
+            self.seen[name] = 0
             self._handles.append(mod.register_forward_hook(self._hook(name, experts)))
         return self
 
@@ -124,7 +138,8 @@ def calibration(model: Any, job: QuantizeJob, out: Path) -> Iterator[QuantizeJob
     targets = [*recipe.targets, *(t for ov in recipe.overrides for t in ov.targets)]
     check_routers_dense(model, targets, ignore, QuantizationError)
     job = dataclasses.replace(job, recipe=recipe.model_copy(update={"ignore": ignore}))
-    with RoutingCounter(routers, _top_k(model)) as counter:
+    budget = sum(len(s) for s in job.samples) if job.samples else None
+    with RoutingCounter(routers, _top_k(model), budget=budget) as counter:
         yield job
     cov = ExpertCoverage(calibrated=recipe.needs_calibration,
                          all_experts_calibrated=recipe.needs_calibration

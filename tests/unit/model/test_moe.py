@@ -127,6 +127,28 @@ def test_coverage_counter_matches_hand_computed_routing() -> None:
     assert c.layers()[0].counts == expected
 
 
+def test_coverage_counts_the_first_pass_over_the_calibration_tokens_only() -> None:
+    """A second forward over the same tokens (SmoothQuant's pass before GPTQ's, AutoRound's
+    tuning iterations) is not counted again: each router stops at one pass's tokens, and a
+    batch that crosses that budget counts only its first rows."""
+    model = tiny("qwen3_moe", meta=False)
+    routers = moe.routing_modules(model)
+    ids = torch.randint(0, 512, (2, 12))
+    with RoutingCounter(routers, TOP_K, follow_engine=False) as once, torch.no_grad():
+        model(input_ids=ids)
+    with RoutingCounter(routers, TOP_K, follow_engine=False, budget=24) as c, torch.no_grad():
+        for _ in range(3):
+            model(input_ids=ids)
+    assert [lay.counts for lay in c.layers()] == [lay.counts for lay in once.layers()]
+    assert all(lay.tokens == 24 for lay in c.layers())
+    with RoutingCounter(routers, TOP_K, follow_engine=False, budget=12) as half, \
+            torch.no_grad():
+        model(input_ids=ids)
+    with RoutingCounter(routers, TOP_K, follow_engine=False) as first, torch.no_grad():
+        model(input_ids=ids[:1])
+    assert [lay.counts for lay in half.layers()] == [lay.counts for lay in first.layers()]
+
+
 def test_coverage_counts_each_token_top_k_times_in_a_real_forward() -> None:
     model = tiny("deepseek_v3", meta=False)
     routers = moe.routing_modules(model)
