@@ -39,12 +39,21 @@ def private_dir(path: Path) -> None:
     os.chmod(path, 0o700)
 
 
-def _holder(path: Path) -> str:
-    try:
-        pid = path.read_text().strip()
-    except OSError:
-        return "another process"
-    return f"process {pid}" if pid.isdigit() else "another process"
+def _holder(path: Path, settle_s: float = 0.0) -> str:
+    """Who holds the lock, as its pid. The holder writes its pid just after taking the lock,
+    so a waiter that came at that moment reads an empty file: `settle_s` gives it that long
+    for the pid to appear (a holder that died first leaves none: "another process")."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            pid = path.read_text().strip()
+        except OSError:
+            pid = ""
+        if pid.isdigit():
+            return f"process {pid}"
+        if time.monotonic() >= deadline:
+            return "another process"
+        time.sleep(0.01)
 
 
 def _take(path: Path, *, wait_s: float, refused: Callable[[str], str] | None = None,
@@ -65,7 +74,7 @@ def _take(path: Path, *, wait_s: float, refused: Callable[[str], str] | None = N
                     f"{path.parent} is in use by {holder}; wait for it to finish or use "
                     "another --out folder")) from None
             if on_wait is not None and not waited:
-                on_wait(_holder(path))
+                on_wait(_holder(path, settle_s=0.5))
             waited = True
             time.sleep(0.05)
             continue
