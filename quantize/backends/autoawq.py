@@ -92,7 +92,7 @@ def _load_awq() -> Any:
 class AutoAWQBackend:
     name = "autoawq"
 
-    def check_model(self, config: ModelConfig) -> None:
+    def check_model(self, config: ModelConfig, recipe: Any = None) -> None:
         check_model(config)
 
     def quantize(self, job: QuantizeJob, out: Path) -> dict[str, Any]:

@@ -22,6 +22,8 @@ from quantize.backends._native import (
     quiet_imports,
     source_dtype,
 )
+from quantize.errors import NotImplementedFeature
+from quantize.model.config import ModelConfig
 from quantize.spec.recipe import GPTQOptions, Recipe
 from quantize.spec.schemes import SCHEMES
 
@@ -93,8 +95,33 @@ def _log_dir(logs: Path) -> None:
         loop_processor._PROJECT_LOG_DIR = logs / "gptqmodel"
 
 
+# What GPTQModel 7.6.0 fails on, found by bench/moe_matrix.py on the tiny random MoE
+# fixtures (tests/fixtures/moe.py, 2026-12-04), after its calibration had run: (method,
+# model_type) -> what it said. Refused before any calibration instead.
+FAILS: dict[tuple[str, str], str] = {
+    ("awq", "deepseek_v3"): "its AWQ scale search multiplies the MLA projections with "
+    "mismatched shapes ('mat1 and mat2 shapes cannot be multiplied (128x64 and 128x64)')",
+    ("awq", "gpt_oss"): "its AWQ stops on gpt-oss's fused experts ('cannot reshape tensor of "
+    "0 elements into shape [-1, 0]')",
+}
+
+
+def check_model(config: ModelConfig, recipe: Recipe) -> None:
+    """Refuse before calibration what GPTQModel 7.6.0 is known to fail on (FAILS)."""
+    why = FAILS.get((recipe.method, config.model_type or ""))
+    if why:
+        version = importlib.metadata.version("gptqmodel")
+        raise NotImplementedFeature(
+            f"backend gptqmodel {version} cannot run {recipe.method.upper()} on model_type "
+            f"{config.model_type!r}: {why}; use backend: llmcompressor (recipe awq-int4), "
+            "which exports this model")
+
+
 class GPTQModelBackend:
     name = "gptqmodel"
+
+    def check_model(self, config: ModelConfig, recipe: Recipe) -> None:
+        check_model(config, recipe)
 
     def quantize(self, job: QuantizeJob, out: Path) -> dict[str, Any]:
         check_job(job, self.name)

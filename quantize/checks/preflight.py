@@ -222,7 +222,7 @@ def check_engine(recipe: Recipe, config: ModelConfig) -> None:
     backend = get_backend(recipe.backend)  # BackendUnavailable names the extra to install
     check_model = getattr(backend, "check_model", None)
     if check_model is not None:
-        check_model(config)
+        check_model(config, recipe)
 
 
 # --- vLLM-side checks ---------------------------------------------------------------------

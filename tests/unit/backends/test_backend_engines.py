@@ -156,6 +156,25 @@ def test_autoawq_refuses_by_default_because_its_output_is_broken_here(
     assert "llama" in VERIFIED_MODEL_TYPES
 
 
+@pytest.mark.skipif(importlib.util.find_spec("gptqmodel") is None,
+                    reason="the gptqmodel extra is not installed")
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "gpt_oss"])
+def test_gptqmodel_awq_is_refused_before_calibration_where_it_fails(model_type: str) -> None:
+    """GPTQModel 7.6.0's AWQ failed on these MoE architectures after calibrating
+    (bench/moe_matrix.py); pre-flight says so first. Its GPTQ on them, and its AWQ on
+    Qwen3-MoE and Mixtral, are not refused."""
+    from quantize.checks.preflight import check_engine
+
+    awq, gptq = load_recipe("awq-int4-gptqmodel"), load_recipe("gptq-int4-gptqmodel")
+    with pytest.raises(NotImplementedFeature, match=(
+            rf"backend gptqmodel 7\.6\.0 cannot run AWQ on model_type '{model_type}': .*; "
+            r"use backend: llmcompressor \(recipe awq-int4\)")):
+        check_engine(awq, ModelConfig(model_type=model_type))
+    check_engine(gptq, ModelConfig(model_type=model_type))
+    for ok in ("qwen3_moe", "mixtral", "llama"):
+        check_engine(awq, ModelConfig(model_type=ok))
+
+
 def test_autoawq_refuses_unpacked_calibration_samples() -> None:
     from quantize.backends._native import require_packed_samples
 
