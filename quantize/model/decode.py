@@ -19,12 +19,13 @@ quantize.model.config; this module imports no stage.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantize.errors import VerifyError
-from quantize.model import moe
+from quantize.model import kv_quant, moe, moe_load
 from quantize.model.config import ModelConfig, hf_config
 from quantize.model.qconfig import Args, Group, QuantConfig, require_quant_config
 
@@ -314,20 +315,20 @@ def build_reference(ckpt: Path, config: ModelConfig) -> tuple[Any, dict[str, tor
     """A plain dense transformers model holding our own decode of the checkpoint, with our
     own activation-quantization hooks. Returns (model, decoded weights by layer name)."""
     import torch
-    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
-    qc = require_quant_config(config, f"{ckpt}: ", "there is nothing to decode",
-                              error=VerifyError)
     cfg = copy.deepcopy(hf_config(config))  # from_config may set attributes on it
     with no_init_weights():  # every weight is loaded below; random init would be wasted
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     moe.linearize(model)  # MoE: one Linear per expert projection, as the export stores them
-    raw: dict[str, torch.Tensor] = {}
-    for f in sorted(ckpt.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as fh:
-            raw.update({k: fh.get_tensor(k) for k in fh.keys()})  # noqa: SIM118
+    rename = moe_load.model_namer(model)  # stored names -> the model's (Mixtral's differ)
+    qc = require_quant_config(moe_load.in_model_terms(config, rename), f"{ckpt}: ",
+                              "there is nothing to decode", error=VerifyError)
+    raw = moe_load.stored_tensors(ckpt, rename)
+    if (kv := qc.kv_cache) is not None:  # K/V quantized on their way into the cache, too
+        kv_quant.quantize_kv_cache(model, raw, kv,
+                                   lambda x, s: _fake_quant_hook(kv, s)(None, (x,))[0])
     state: dict[str, torch.Tensor] = {}
     decoded: dict[str, torch.Tensor] = {}
     if qc.native:  # GPTQ/AWQ: every layer with a qweight
@@ -377,26 +378,35 @@ def _column_cosine(w: torch.Tensor, d: torch.Tensor) -> float:
     return float(torch.sqrt((energy * cos * cos).sum() / energy.sum().clamp_min(1e-30)))
 
 
-def weight_similarity(decoded: dict[str, torch.Tensor], src: Path) -> tuple[float, str]:
-    """(the worst layer's energy-weighted column cosine with the source weights, that layer)."""
+def weight_similarity(decoded: dict[str, torch.Tensor], src: Path,
+                      rename: Callable[[str], str] = str) -> tuple[float, str]:
+    """(the worst layer's energy-weighted column cosine with the source weights, that layer).
+    `rename`: a source key -> the decoded model's name for it (moe_load.model_namer: a Mixtral
+    source stores `block_sparse_moe.experts.<i>.w1`, the model has `mlp.experts.<i>.gate_proj`)."""
     from safetensors import safe_open
 
     worst = (1.0, "")
     shapes: dict[str, Any] = {}  # every source tensor's shape, whichever shard holds it
     for f in sorted(src.glob("*.safetensors")):
         with safe_open(str(f), "pt") as fh:
-            shapes |= {k: fh.get_slice(k).get_shape() for k in fh.keys()}  # noqa: SIM118
+            shapes |= {rename(k): fh.get_slice(k).get_shape() for k in fh.keys()}  # noqa: SIM118
     for f in sorted(src.glob("*.safetensors")):
         with safe_open(str(f), "pt") as fh:
-            keys = set(fh.keys())
+            stored = {rename(k): k for k in fh.keys()}  # noqa: SIM118
+            keys = set(stored)
+
+            def get(key: str, fh: Any = fh, stored: dict[str, str] = stored) -> torch.Tensor:
+                return fh.get_tensor(stored[key])
+
             for name, w in decoded.items():
+                d: torch.Tensor | None = None
                 if name + ".weight" in keys:
-                    d = fh.get_tensor(name + ".weight").float()
+                    d = get(name + ".weight").float()
                 else:  # an MoE expert: cut from the source's fused expert tensors
-                    d = moe.fused_source_weight(fh.get_tensor, shapes.__getitem__, keys,
-                                                name, tuple(w.shape), set(shapes))
-                    if d is None:
-                        continue
+                    d = moe.fused_source_weight(get, shapes.__getitem__, keys, name,
+                                                tuple(w.shape), set(shapes))
+                if d is None:
+                    continue
                 c = _column_cosine(w, d) if d.shape == w.shape else 0.0
                 if not c >= worst[0]:
                     worst = (c, name)

@@ -276,16 +276,18 @@ def load_linearized(ckpt: Path, config: ModelConfig) -> Any:
     """A compressed-tensors MoE export loaded as transformers would load it, minus the
     re-fusing that drops asymmetric zero points (`transformers_load_problem`): the model built
     from config with one Linear per expert projection, compressed-tensors' quantization config
-    applied, the stored tensors loaded as they are, then compressed-tensors' own
+    applied, the stored tensors loaded as they are (by the model's names: Mixtral stores
+    `block_sparse_moe.`, quantize.model.moe_load), then compressed-tensors' own
     `decompress_model` (the same steps transformers' CompressedTensorsHfQuantizer takes for a
-    dense model). fp32, on the CPU; activation quantization stays compressed-tensors'."""
+    dense model). fp32, on the CPU; activation quantization stays compressed-tensors', made
+    per token on every input shape (moe_load.per_token_inputs)."""
     import copy
 
     import torch
-    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
+    from quantize.model import moe_load
     from quantize.model.config import hf_config
     from quantize.model.qconfig import compress_as_stored
 
@@ -293,18 +295,20 @@ def load_linearized(ckpt: Path, config: ModelConfig) -> Any:
         model = AutoModelForCausalLM.from_config(copy.deepcopy(hf_config(config)),
                                                  dtype=torch.float32).eval()
     linearize(model)
-    compressor = compress_as_stored(model, config)  # the compressed parameters, as stored
-    state: dict[str, torch.Tensor] = {}
-    for f in sorted(ckpt.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as fh:
-            state.update({k: fh.get_tensor(k) for k in fh.keys()})  # noqa: SIM118
-    missing, _ = model.load_state_dict(state, strict=False)
+    name = moe_load.model_namer(model)
+    compressor = compress_as_stored(model, moe_load.in_model_terms(config, name))  # as stored
+    missing, _ = model.load_state_dict(moe_load.stored_tensors(ckpt, name), strict=False)
     missing = [m for m in missing if not (m == "lm_head.weight" and
                                           getattr(model.config, "tie_word_embeddings", False))]
     if missing:
         raise QuantizeError(f"{ckpt}: no stored tensor for {missing[:3]}; the export is "
                             "incomplete - re-run it")
     compressor.decompress_model(model)
+    with torch.no_grad():  # FP4 (nvfp4, mxfp4) decompresses into bf16 weights: back to fp32
+        for p in model.parameters():
+            if p.is_floating_point() and p.dtype != torch.float32:
+                p.data = p.data.float()
+    moe_load.per_token_inputs(model)
     if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
     return model.eval()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quantize.model import decode
+from quantize.model import decode, moe_load
 from quantize.model.config import ModelConfig
 from quantize.model.qconfig import read_quant_config
 from quantize.stages.verify.result import DecodeMetrics, LevelResult
@@ -77,7 +77,9 @@ def verify_decode(ckpt: Path, config: ModelConfig, tol: DecodeTolerance) -> Leve
     lc, lr = log_probs(cand, ids), log_probs(ref, ids)
     dl = (lc - lr).abs().amax(dim=-1).flatten().tolist()  # whole distributions, every step
     src = source_model(ckpt)
-    cos, cos_layer = decode.weight_similarity(decoded, src) if src is not None else (None, "")
+    rename = moe_load.model_namer(ref)  # the source's names, in the decoded model's terms
+    cos, cos_layer = decode.weight_similarity(decoded, src, rename) if src is not None \
+        else (None, "")
     quant = read_quant_config(config)
     bits = (quant.weight_bits if quant else None) or 16
     floor = next((f for b, f in tol.cosine_floor if bits >= b), tol.cosine_floor[-1][1])

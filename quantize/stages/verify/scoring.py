@@ -12,6 +12,7 @@ from quantize.errors import VerifyError, first_line
 from quantize.model.config import read_config
 from quantize.model.decode import load_dequantized
 from quantize.model.moe import config_is_moe, load_linearized
+from quantize.model.moe_load import per_token_inputs
 from quantize.model.qconfig import read_quant_config
 from quantize.stages.verify.result import AgreementMetrics, Tie
 from quantize.stages.vllm_io import Generated
@@ -40,8 +41,8 @@ class Thresholds:
 
 def load_hf(ckpt: Path) -> Any:
     """The checkpoint in transformers, decompressed to fp32 by compressed-tensors (which also
-    applies the scheme's activation quantization in forward); a native GPTQ/AWQ checkpoint
-    runs on GPTQModel's kernels in fp32."""
+    applies the scheme's activation quantization in forward, per token where the scheme says
+    so); a native GPTQ/AWQ checkpoint runs on GPTQModel's kernels in fp32."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -57,10 +58,11 @@ def load_hf(ckpt: Path) -> Any:
                 # one Linear per expert, as stored and as our decode builds it; transformers
                 # re-fuses them (and drops asymmetric zero points): quantize/model/moe.py
                 model = load_linearized(ckpt, config)
+            elif quant and not quant.native:
+                model = load_dequantized(ckpt, dtype=torch.float32)
+                per_token_inputs(model)  # whatever the input's shape (MLA's 4-D latent)
             else:
-                model = load_dequantized(ckpt, dtype=torch.float32) \
-                    if quant and not quant.native else \
-                    AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+                model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:  # incl. NotImplementedError
         first = first_line(exc)
         raise VerifyError(f"transformers cannot load {ckpt}: {type(exc).__name__}: {first}") \
