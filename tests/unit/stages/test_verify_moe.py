@@ -290,3 +290,19 @@ def test_fp8_kv_cache_moe_export_passes_the_exact_decode(
     monkeypatch.setattr(kv_quant, "quantize_kv_cache", lambda *a: 0)
     s = V.verify(ckpt, out=tmp_path / "v2", level="decode")
     assert s["verdict"] == "fail" and "logits differ" in s["error"], s.get("error")
+
+
+def test_native_gptq_moe_export_is_refused_by_the_decode_check_in_one_line(
+        tmp_path: Path) -> None:
+    """transformers 5.17 loads a native GPTQ/AWQ MoE checkpoint with its fused experts left at
+    random init, silently; the decode check says it cannot check one, before loading."""
+    from quantize.errors import VerifyError
+    from quantize.stages.verify.decode_check import DecodeTolerance, verify_decode
+
+    cfg = CONFIGS["qwen3_moe"](_Tok()).to_dict()
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 64,
+                                  "sym": True, "desc_act": False, "checkpoint_format": "gptq"}
+    with pytest.raises(VerifyError, match=r"no loader for native GPTQ mixture-of-experts "
+                       r"checkpoints: .*random init.*; verify it in vLLM on a GPU, or use the "
+                       r"compressed-tensors recipe"):
+        verify_decode(tmp_path, ModelConfig.model_validate(cfg), DecodeTolerance())
