@@ -131,3 +131,23 @@ def test_awq_then_gptq_composes_the_two_modifiers() -> None:
     assert type(awq).__name__ == "AWQModifier" and awq.n_grid == 10
     assert type(gptq).__name__ == "GPTQModifier" and str(gptq.actorder) == "weight"
     assert _weights(gptq).symmetric is False
+
+
+def test_save_casts_back_to_the_source_dtype_where_module_to_does_not(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """On torch 2.11 (the lent H200's image) `model.to(bf16)` after oneshot left every
+    parameter fp32 and the CPU-calibrated export was written fp32 (2x the planned size);
+    save then casts each parameter itself. Simulated here with a `to` that does nothing."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from quantize.backends.llmcompressor import save
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1)
+    model = LlamaForCausalLM(cfg).to(torch.float32)
+    model.to = lambda *a, **k: model  # type: ignore[method-assign]
+    seen: dict[str, set[torch.dtype]] = {}
+    model.save_pretrained = lambda out, **kw: seen.setdefault(  # type: ignore[method-assign]
+        "dtypes", {p.dtype for p in model.parameters()})
+    save(model, None, tmp_path, torch.float32, torch.bfloat16, write=False)
+    assert seen["dtypes"] == {torch.bfloat16}
