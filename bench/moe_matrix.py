@@ -204,7 +204,11 @@ def cell(a: argparse.Namespace, arch: str, recipe: str, model: Path, calib: Path
     return row
 
 
-def _esc(text: str) -> str:
+def _esc(text: str, most: int = 140) -> str:
+    """Table-safe, and short: the row keeps the start of a long message (the JSON keeps it
+    whole)."""
+    text = text.removeprefix("error: ").replace("not verifiable on this host: ", "")
+    text = text if len(text) <= most else text[: most - 1].rstrip() + "…"
     return text.replace("|", "\\|")
 
 
@@ -225,7 +229,7 @@ def _cell_vllm(r: dict[str, Any], host: str) -> str:
     if rules is None:
         return ""
     why = rules.get(host)
-    return "loads (rules)" if why is None else _esc("no: " + why.split(" (vLLM ")[0][:90])
+    return "loads (rules)" if why is None else _esc("no: " + why.split(" (vLLM ")[0], 90)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -237,8 +241,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in sorted(rows, key=lambda r: (r["arch"], r["recipe"])):
         if r.get("skipped") or "tensor_bytes" not in r:
             why = r.get("skipped") or r.get("error") or ""
+            what = "skipped" if r.get("skipped") else "refused"
             out.append(f"| {r['arch']} | {r['recipe']} | {r.get('export_s', '')} | "
-                       f"{'skipped' if r.get('skipped') else 'refused'}: {_esc(why)} |" + " |" * 8)
+                       f"{what}: {_esc(why, 200)} |" + " |" * 8)
             continue
         tb, pb = r["tensor_bytes"], r.get("plan_bytes")
         diff = f"{(tb - pb) / pb * 100:+.3f} %" if pb else r.get("plan_error", "")
