@@ -92,6 +92,8 @@ class RoutingCounter:
         def hook(_mod: Any, _args: Any, output: Any) -> None:
             if self.follow_engine and _hooks_disabled():
                 return
+            if self.budget is not None and self.seen[name] >= self.budget:
+                return  # a later pass: no indices to read, no copy to the host (a GPU sync)
             rows = self._indices(output)
             rows = rows.reshape(-1, rows.shape[-1]) if rows.dim() else rows.reshape(1, 1)
             if self.budget is not None:  # the first pass's tokens only
