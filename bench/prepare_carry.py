@@ -25,17 +25,32 @@ WHEELS = ["llmcompressor==0.14.0.1", "compressed-tensors==0.19.0", "datasets==5.
           "pydantic_core==2.50.5", "typing-inspection==0.4.5", "annotated-types==0.8.0",
           # lm-eval's HF path, for bench/eval_vs_lmeval.py (the image has its other needs)
           "lm_eval==0.4.13", "chardet==6.0.0.post1"]
+# Everything `quantize run/export/eval` needs on the GPU image beyond what it has (torch 2.11,
+# transformers 5.17, accelerate, safetensors, tokenizers, click, rich, psutil, matplotlib,
+# huggingface-hub, scikit-learn, sacrebleu ...; KINDS.md's package list): 18 MiB, for
+# bench/vllm_gpu.py. The last three are sources only on the registry (built here: pure Python).
+ENGINE_WHEELS = [*WHEELS, "auto-round==0.15.1", "gguf==0.19.0", "evaluate==0.4.6",
+                 "DataProperty==1.1.1", "mbstrdecoder==1.1.5", "more-itertools==11.2.1",
+                 "nltk==3.10.4", "pathvalidate==3.3.1", "pytablewriter==1.2.1",
+                 "pytz==2026.6", "tabledata==1.3.5", "tcolorpy==0.1.7", "typepy==1.3.5",
+                 "defusedxml==0.7.1"]
+BUILT_HERE = ["rouge_score==0.1.2", "sqlitedict==2.1.0", "word2number==1.1"]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
-def download_wheels() -> None:
+def download_wheels(dest: Path = CARRY, wheels: list[str] = WHEELS) -> None:
+    """Wheels for Python 3.12 / x86-64 (the GPU image's) into dest; for ENGINE_WHEELS also
+    the pure-Python ones the registry has as sources only, built here."""
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-           "--python-version", "3.12", "--implementation", "cp", "-d", str(CARRY)]
+           "--python-version", "3.12", "--implementation", "cp", "-d", str(dest)]
     for p in PLATFORMS:
         cmd += ["--platform", p]
-    subprocess.run(cmd + WHEELS, check=True)
+    subprocess.run(cmd + wheels, check=True)
+    if wheels is ENGINE_WHEELS:
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
+                        str(dest), *BUILT_HERE], check=True)
 
 
 def copy_tokenizer() -> None:

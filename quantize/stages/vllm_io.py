@@ -39,6 +39,7 @@ class ScoreRequest(EngineRequest):
     enforce_eager: bool
     dtype: str | None = None
     kv_cache_space_gib: int | None = None
+    kv_cache_gib: float | None = None  # GPU: a fixed KV cache and a memory share to match
 
 
 class GenerateRequest(EngineRequest):
@@ -52,6 +53,7 @@ class GenerateRequest(EngineRequest):
     enforce_eager: bool
     dtype: str | None = None
     kv_cache_space_gib: int | None = None
+    kv_cache_gib: float | None = None
 
 
 class Answer(Record):
@@ -66,6 +68,7 @@ class Answer(Record):
     dtype: str | None = None
     load_s: float | None = None
     engine_args: dict[str, Scalar] | None = None
+    engine: dict[str, Any] | None = None  # what vLLM reported once started (serving.facts)
 
 
 class ScoredSequence(Record):
@@ -79,9 +82,20 @@ class ScoredGroup(Record):
     tokens: int | None = None
 
 
+class LayerKernel(Record):
+    count: int
+    example: str
+
+
+# {"linear"|"attention": {kernel: {count, example}}}, or {"error": why} when vLLM's modules
+# could not be inspected
+Kernels = dict[str, dict[str, LayerKernel] | str]
+
+
 class ScoreAnswer(Answer):
     groups: list[ScoredGroup] = Field(default_factory=list)
     kv_cache_dtype: str | None = None
+    layers: Kernels | None = None
 
 
 class Step(Record):
@@ -95,17 +109,25 @@ class Generated(Record):
     steps: list[Step] = Field(default_factory=list)
 
 
-class LayerKernel(Record):
-    count: int
-    example: str
-
-
 class GenerateAnswer(Answer):
     outputs: list[Generated] = Field(default_factory=list)
     generate_s: float | None = None
-    # {"linear"|"attention": {kernel: {count, example}}}, or {"error": why} when vLLM's
-    # modules could not be inspected
-    layers: dict[str, dict[str, LayerKernel] | str] | None = None
+    layers: Kernels | None = None
+
+
+# The KV cache a check sizes vLLM with: on a CPU the backend's space (VLLM_CPU_KVCACHE_SPACE,
+# GiB), on a GPU a fixed cache and a memory share just large enough for the model beside it
+# (quantize/vllm/serving.py), so a check neither takes 90 % of the card nor fails on a GPU
+# that other processes share.
+CHECK_KV_GIB = {"cpu": 1, "cuda": 4}
+
+
+def size_kv(req: ScoreRequest | GenerateRequest, device: str) -> None:
+    """Give a check's request its KV-cache size for the device vLLM runs on."""
+    if device == "cpu":
+        req.kv_cache_space_gib = CHECK_KV_GIB["cpu"]
+    else:
+        req.kv_cache_gib = CHECK_KV_GIB["cuda"]
 
 
 def score(python: Path, req: ScoreRequest, workdir: Path, name: str, timeout_s: float

@@ -12,9 +12,16 @@ The request is JSON (a file, or `-` for stdin); the result is JSON written atomi
   chosen token's log-probability and top-k, vLLM's quantization method and layer kernels.
 - `score`: load `model`; for each token-id sequence, each token's log-probability and rank
   from `score_from` on (what eval's perplexity and multiple-choice scores come from).
+- `throughput`: load `model`; output tokens per second for `requests` concurrent requests
+  (serving.throughput).
+- `batch`: load `model` once and run each of `steps` (generate, score, throughput requests
+  without engine settings of their own) on it; one result per step.
 
+Every loading op also returns `engine`: what vLLM reports once started (KV-cache blocks and
+tokens, the concurrency it logs, the memory profile it sized the cache from; serving.facts).
 Exit status 0 when the result says `ok: true`; on failure it holds vLLM's own error line.
-One process per checkpoint (after a failed load vLLM's global state is not clean).
+One process per checkpoint (after a failed load vLLM's global state is not clean); the ops of
+one process share its engine (serving.engine).
 """
 
 from __future__ import annotations
@@ -29,6 +36,11 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypedDict, cast
+
+if __package__ in (None, ""):  # run as a script in the vLLM environment: serving.py beside it
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+from quantize.vllm import serving  # standard library and vllm only
 
 # Custom ops whose presence decides which quantized formats a CPU build can run.
 _CPU_OPS = ("cpu_gemm_wna16", "onednn_scaled_mm", "int8_scaled_mm", "static_scaled_fp8_quant",
@@ -64,11 +76,14 @@ class Request(TypedDict, total=False):
     enforce_eager: bool
     dtype: str
     kv_cache_space_gib: float
+    kv_cache_gib: float  # GPU: the KV cache's size, and a memory share sized to the model
     engine_args: EngineArgs
     max_tokens: int  # generate
     logprobs: int
     prompts: list[list[int]]
     groups: list[ScoreGroup]  # score
+    runs: list[dict[str, int]]  # throughput
+    steps: list[dict[str, Any]]  # batch
 
 
 # --- the results (written as JSON by main) ------------------------------------------------
@@ -120,6 +135,7 @@ class GenerateResult:
     dtype: str
     engine_args: EngineArgs
     layers: dict[str, dict[str, LayerCount]] | dict[str, str]  # or {"error": line}
+    engine: dict[str, Any]  # serving.facts: KV cache, memory profile
 
 
 @dataclass
@@ -144,9 +160,27 @@ class ScoreResult:
     dtype: str
     kv_cache_dtype: str
     engine_args: EngineArgs
+    engine: dict[str, Any]  # serving.facts: KV cache, memory profile
+    layers: dict[str, dict[str, LayerCount]] | dict[str, str]  # the kernels, as generate's
 
 
-Result = ProbeResult | GenerateResult | ScoreResult
+@dataclass
+class ThroughputResult:
+    vllm_version: str
+    load_s: float
+    runs: list[dict[str, Any]]  # serving.throughput, one per entry of `runs`
+    engine_args: EngineArgs
+    engine: dict[str, Any]
+
+
+@dataclass
+class BatchResult:
+    vllm_version: str
+    load_s: float
+    steps: list[dict[str, Any]]  # each step's result JSON
+
+
+Result = ProbeResult | GenerateResult | ScoreResult | ThroughputResult | BatchResult
 
 
 def result_json(result: Result) -> dict[str, Any]:
@@ -243,47 +277,6 @@ def _has_op(namespace: Any, op: str) -> bool:
     return True
 
 
-def describe_model(model: Any) -> dict[str, dict[str, LayerCount]]:
-    """Which quantization method, scheme and kernel class vLLM bound to each layer.
-
-    Returns {"linear": {"Method/Scheme/Kernel": {"count": n, "example": layer}},
-    "attention": {...}}; class names only, so it survives vLLM refactors.
-    """
-    linear: dict[str, LayerCount] = {}
-    attention: dict[str, LayerCount] = {}
-    for name, mod in model.named_modules():
-        qm = getattr(mod, "quant_method", None)
-        impl = getattr(mod, "impl", None)
-        if impl is not None and hasattr(mod, "kv_cache_dtype"):  # an attention layer
-            backend: Any = getattr(mod, "attn_backend", None)
-            name_of = getattr(backend, "get_name", None)
-            parts = [name_of() if callable(name_of) else type(impl).__name__,
-                     f"kv_cache_dtype={mod.kv_cache_dtype}"]
-            if qm is not None:
-                parts.append(type(qm).__name__)
-            _count(attention, "/".join(parts), name)
-            continue
-        if qm is None:
-            continue
-        parts = [type(qm).__name__]
-        scheme = getattr(mod, "scheme", None)
-        if scheme is not None:
-            parts.append(type(scheme).__name__)
-        holder = scheme if scheme is not None else qm
-        for attr in ("kernel", "linear_kernel", "fp8_linear", "w8a8_block_fp8_linear"):
-            kern = getattr(holder, attr, None)
-            if kern is not None:
-                parts.append(type(kern).__name__)
-                break
-        _count(linear, "/".join(parts), name)
-    return {"linear": linear, "attention": attention}
-
-
-def _count(table: dict[str, LayerCount], key: str, name: str) -> None:
-    entry = table.setdefault(key, {"count": 0, "example": name})
-    entry["count"] += 1
-
-
 def generate(req: Request) -> GenerateResult:
     if int(req.get("tp", 1)) > 1:
         # With several workers describe_model travels to them pickled.
@@ -293,7 +286,7 @@ def generate(req: Request) -> GenerateResult:
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
-    llm, kwargs = _engine(req)
+    llm, kwargs = serving.engine(dict(req))
     load_s = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, max_tokens=int(req["max_tokens"]),
                             logprobs=int(req.get("logprobs", 5)), ignore_eos=True)
@@ -312,62 +305,23 @@ def generate(req: Request) -> GenerateResult:
     engine = llm.llm_engine
     mcfg = getattr(getattr(engine, "vllm_config", None), "model_config", None) or getattr(
         engine, "model_config", None)
-    layers: dict[str, dict[str, LayerCount]] | dict[str, str]
-    try:
-        layers = llm.apply_model(describe_model)[0]
-    except Exception as exc:  # introspection is a report, never a reason to fail the load
-        layers = {"error": error_line(exc)}
     return GenerateResult(vllm.__version__, outputs, round(load_s, 2), round(gen_s, 2),
                           getattr(mcfg, "quantization", None),
                           str(getattr(mcfg, "dtype", "")).replace("torch.", ""),
-                          _echo(kwargs), layers)
+                          _echo(kwargs), _layers(llm), serving.facts(llm))
 
 
-def _echo(kwargs: EngineArgs) -> EngineArgs:
+def _layers(llm: Any) -> dict[str, dict[str, LayerCount]] | dict[str, str]:
+    """The kernel vLLM bound to each layer (serving.describe_model), or why not."""
+    try:
+        return cast(dict[str, dict[str, LayerCount]], llm.apply_model(serving.describe_model)[0])
+    except Exception as exc:  # introspection is a report, never a reason to fail the load
+        return {"error": error_line(exc)}
+
+
+def _echo(kwargs: dict[str, Any]) -> EngineArgs:
     """The engine arguments a result reports (all but the model paths)."""
     return cast(EngineArgs, {k: v for k, v in kwargs.items() if k not in ("model", "tokenizer")})
-
-
-def _engine(req: Request) -> tuple[Any, EngineArgs]:
-    """An LLM built from the request's engine settings (shared by generate and score)."""
-    # The CPU backend sizes its KV cache from this (GiB); it refuses to start without it.
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(req.get("kv_cache_space_gib", 1)))
-    from vllm import LLM
-
-    kwargs: EngineArgs = {
-        "model": req["model"], "tokenizer": req["model"],
-        "tensor_parallel_size": int(req.get("tp", 1)),
-        "kv_cache_dtype": req.get("kv_cache_dtype", "auto"),
-        "max_model_len": int(req.get("max_model_len", 512)),
-        "enforce_eager": bool(req.get("enforce_eager", True)),
-        "seed": 0, "dtype": req.get("dtype", "auto"),
-    }
-    kwargs.update(req.get("engine_args", {}))
-    return LLM(**kwargs), kwargs
-
-
-def _score_group(llm: Any, seqs: list[list[int]], starts: list[int]) -> list[Scored]:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    prompts = [TokensPrompt(prompt_token_ids=s[:-1]) for s in seqs]
-    params = [SamplingParams(temperature=0.0, max_tokens=1, logprobs=0, prompt_logprobs=0,
-                             allowed_token_ids=[s[-1]], ignore_eos=True) for s in seqs]
-    results = llm.generate(prompts, params, use_tqdm=False)
-    outputs = []
-    for seq, start, res in zip(seqs, starts, results, strict=True):
-        steps = list(res.prompt_logprobs or [None])  # position 0 has none
-        gen = res.outputs[0]
-        if not gen.token_ids or gen.token_ids[0] != seq[-1] or not gen.logprobs:
-            raise RuntimeError(f"vLLM did not return the forced last token {seq[-1]}")
-        steps.append(gen.logprobs[0])
-        lps, ranks = [], []
-        for pos in range(max(start, 1), len(seq)):
-            entry = steps[pos][seq[pos]]
-            lps.append(float(entry.logprob))
-            ranks.append(int(entry.rank) if entry.rank is not None else -1)
-        outputs.append(Scored(lps, ranks))
-    return outputs
 
 
 def score(req: Request) -> ScoreResult:
@@ -381,17 +335,18 @@ def score(req: Request) -> ScoreResult:
     import vllm
 
     t0 = time.perf_counter()
-    llm, kwargs = _engine(req)
+    llm, kwargs = serving.engine(dict(req))
     load_s = time.perf_counter() - t0
     groups = req["groups"]
     first = next((g["sequences"][0] for g in groups if g["sequences"]), None)
     if first is not None:  # the first batch pays one-off kernel set-up: keep it off the clock
-        _score_group(llm, [list(map(int, first[:16]))], [1])
+        serving.score_group(llm, [list(map(int, first[:16]))], [1])
     out_groups = []
     for g in groups:
         seqs = [list(map(int, s)) for s in g["sequences"]]
         t1 = time.perf_counter()
-        outputs = _score_group(llm, seqs, [int(x) for x in g["score_from"]])
+        outputs = [Scored(lps, ranks) for lps, ranks in
+                   serving.score_group(llm, seqs, [int(x) for x in g["score_from"]])]
         out_groups.append(ScoredGroup(outputs, round(time.perf_counter() - t1, 3),
                                       sum(len(s) for s in seqs)))
     engine = llm.llm_engine
@@ -400,11 +355,48 @@ def score(req: Request) -> ScoreResult:
     return ScoreResult(vllm.__version__, out_groups, round(load_s, 2),
                        getattr(mcfg, "quantization", None),
                        str(getattr(mcfg, "dtype", "")).replace("torch.", ""),
-                       str(getattr(ccfg, "cache_dtype", "")), _echo(kwargs))
+                       str(getattr(ccfg, "cache_dtype", "")), _echo(kwargs),
+                       serving.facts(llm), _layers(llm))
+
+
+def throughput(req: Request) -> ThroughputResult:
+    """Output tokens per second, once per entry of `runs` ({requests, prompt_tokens,
+    output_tokens, repeats}), on one engine."""
+    import vllm
+
+    t0 = time.perf_counter()
+    llm, kwargs = serving.engine(dict(req))
+    load_s = time.perf_counter() - t0
+    runs = [serving.throughput(llm, dict(r)) for r in req.get("runs", [{}])]
+    return ThroughputResult(vllm.__version__, round(load_s, 2), runs, _echo(kwargs),
+                            serving.facts(llm))
+
+
+_ENGINE_KEYS = ("model", "tp", "kv_cache_dtype", "max_model_len", "enforce_eager", "dtype",
+                "kv_cache_space_gib", "kv_cache_gib", "engine_args")
+
+
+def batch(req: Request) -> BatchResult:
+    """Each step on the engine the batch's settings build (a step's own settings are
+    ignored: one process, one engine)."""
+    import vllm
+
+    t0 = time.perf_counter()
+    serving.engine(dict(req))
+    load_s = time.perf_counter() - t0
+    shared = {k: v for k, v in req.items() if k in _ENGINE_KEYS}
+    steps: list[dict[str, Any]] = []
+    for step in req.get("steps", []):
+        op = OPS.get(step.get("op", ""))
+        if op is None or op in (batch, probe):
+            raise ValueError(f"batch step op {step.get('op')!r}: generate, score or throughput")
+        steps.append(result_json(op(cast(Request, {**step, **shared}))))
+    return BatchResult(vllm.__version__, round(load_s, 2), steps)
 
 
 OPS: dict[str, Callable[[Request], Result]] = {"probe": probe, "generate": generate,
-                                              "score": score}
+                                              "score": score, "throughput": throughput,
+                                              "batch": batch}
 
 
 def _write(path: str, data: dict[str, Any]) -> None:
@@ -424,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     # subprocess that re-imports this script) and the model can be inspected in place.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    serving.prepare_env()
     t0 = time.perf_counter()
     try:
         if args.request == "-":

@@ -24,7 +24,7 @@ from quantize.progress import info, step
 from quantize.spec.recipe import EvalSuite, MetricSpec
 from quantize.stages.eval.engine import EngineChoice
 from quantize.stages.results import Score, Scores, VllmLoad
-from quantize.stages.vllm_io import ScoreGroup, ScoreRequest, score
+from quantize.stages.vllm_io import ScoreGroup, ScoreRequest, score, size_kv
 
 TIMEOUT_S = 3600
 Key = tuple[tuple[int, ...], int]
@@ -62,8 +62,7 @@ def request(model: Path, choice: EngineChoice, groups: list[ScoreGroup],
                        enforce_eager=True)
     if dtype:
         req.dtype = dtype
-    if choice.device == "cpu":
-        req.kv_cache_space_gib = 1
+    size_kv(req, choice.device)
     return req
 
 

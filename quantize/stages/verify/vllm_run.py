@@ -11,7 +11,7 @@ import quantize.stages.verify.target as target
 from quantize.errors import VerifyError
 from quantize.stages.verify.result import LevelResult, VllmLoadInfo
 from quantize.stages.verify.scoring import Thresholds, compare, load_hf, score
-from quantize.stages.vllm_io import Generated, GenerateRequest, generate
+from quantize.stages.vllm_io import Generated, GenerateRequest, generate, size_kv
 from quantize.vllm import host as vhost
 
 MAX_TOKENS = 16
@@ -27,8 +27,7 @@ def engine_request(ckpt: Path, prompts: list[list[int]], host: vhost.Host, tp: i
                           max_model_len=512, enforce_eager=True)
     if dtype:
         req.dtype = dtype
-    if host.device == "cpu":
-        req.kv_cache_space_gib = 1
+    size_kv(req, host.device)
     return req
 
 

@@ -130,7 +130,7 @@ def test_one_conversion_when_threads_race_on_a_fresh_cache(
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"gguf")
-    monkeypatch.setattr(source, "_gguf_path", lambda: gguf)
+    monkeypatch.setattr(source, "gguf_path", lambda: gguf)
     calls: list[int] = []
     # the converter holds the lock until the three others have said they wait (a fixed
     # sleep let a loaded machine start them after it had finished: no one waited)
@@ -174,7 +174,7 @@ def test_the_conversion_checks_free_space_first(tmp_path: Path,
     from quantize.model import source
 
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(source, "_gguf_path", lambda: tmp_path / "m.gguf")
+    monkeypatch.setattr(source, "gguf_path", lambda: tmp_path / "m.gguf")
     monkeypatch.setattr(source, "free_bytes", lambda _p: 10 * 2**20)
     with pytest.raises(DiskError) as info:
         source.default_model_dir()

@@ -25,12 +25,14 @@ def test_probe_json_keeps_its_keys_and_leaves_out_a_null_kernel_error() -> None:
 def test_generate_and_score_json_are_plain_json() -> None:
     gen = W.GenerateResult("0.32.0", [W.Generated([5], [W.Step(5, -0.1, {"5": -0.1})])], 1.0,
                            0.5, "compressed-tensors", "bfloat16", {"tensor_parallel_size": 1},
-                           {"linear": {"A/B": {"count": 2, "example": "l.0"}}, "attention": {}})
+                           {"linear": {"A/B": {"count": 2, "example": "l.0"}}, "attention": {}},
+                           {"kv_tokens": 32})
     assert json.loads(json.dumps(W.result_json(gen)))["outputs"] == [
         {"token_ids": [5], "steps": [{"token": 5, "logprob": -0.1, "top": {"5": -0.1}}]}]
     score = W.ScoreResult("0.32.0", [W.ScoredGroup([W.Scored([-1.0], [1])], 0.1, 2)], 1.0,
-                          None, "bfloat16", "auto", {})
+                          None, "bfloat16", "auto", {}, {"kv_tokens": 32}, {})
     assert list(W.result_json(score)) == ["vllm_version", "groups", "load_s", "quantization",
-                                          "dtype", "kv_cache_dtype", "engine_args"]
+                                          "dtype", "kv_cache_dtype", "engine_args", "engine",
+                                          "layers"]
     assert W.result_json(score)["groups"] == [
         {"outputs": [{"logprobs": [-1.0], "ranks": [1]}], "seconds": 0.1, "tokens": 2}]
