@@ -60,9 +60,11 @@ VLLM_ENV = {"VLLM_USE_DEEP_GEMM": "0", "VLLM_MOE_USE_DEEP_GEMM": "0"}
 
 # The default model: every shipped recipe the machine can make (GPTQModel and AutoAWQ are not
 # installed there; AutoAWQ is refused anyway)
+# (AutoRound, 6 min there, runs last: a long shared job holds back every `alone` job)
 DEFAULT_RECIPES = ["gptq-int4-asym", "gptq-int4", "rtn-int4", "awq-int4", "w8a16-int8",
                    "w8a8-int8", "fp8-dynamic", "fp8-kv", "fp8-block", "nvfp4a16", "mxfp4a16",
-                   "nvfp4", "mxfp4", "rtn-int2", "autoround-int4"]
+                   "nvfp4", "mxfp4", "rtn-int2"]
+SLOW_RECIPES = ["autoround-int4"]
 # The 8B architecture: every distinct format, and the variants of issue 31 item 4
 R8B = ["gptq-int4-asym", "bench/variants/gptq-int4-asym-g128.yaml", "gptq-int4",
        "bench/variants/gptq-int4-g128.yaml", "fp8-dynamic", "fp8-kv", "w8a8-int8",
@@ -118,23 +120,31 @@ def jobs() -> list[Job]:
     out.append(rows("check", "check-default-bf16", DEFAULT_DIR, ["convert", "vllm"]))
     for r in DEFAULT_RECIPES:
         d = x / f"default-{r}"
-        out.append(export(f"export-default-{r}", r, "default", d, ["convert"],
-                          timeout=500 if r == "autoround-int4" else 300))
+        out.append(export(f"export-default-{r}", r, "default", d, ["convert"], timeout=300))
         out.append(rows("check", f"check-default-{r}", d / "export",
                         [f"export-default-{r}", "vllm"]))
     out.append(Job("cli-verify", [*py, "quantize.cli", "verify", str(x / "default-gptq-int4-asym")],
                    needs=["export-default-gptq-int4-asym", "vllm"]))
+    # after verify: both take the run folder's lock
     out.append(Job("cli-eval-vllm", [*py, "quantize.cli", "eval", str(x / "default-gptq-int4-asym"),
                                      "--engine", "vllm", "--suite", "bench/wiki-ppl.yaml",
                                      "--rerun"],
-                   needs=["export-default-gptq-int4-asym", "vllm"]))
+                   needs=["cli-verify", "vllm"]))
+    slow = []
+    for r in SLOW_RECIPES:
+        d = x / f"default-{r}"
+        slow.append(export(f"export-default-{r}", r, "default", d, ["convert"], timeout=500))
+        slow.append(rows("check", f"check-default-{r}", d / "export",
+                         [f"export-default-{r}", "vllm"]))
     # 2. the 8B architecture: exports; a format without a serving row is loaded once (shared)
     served = {"gptq-int4-asym", "gptq-int4-asym-g128", "gptq-int4-g128", "fp8-dynamic",
               "fp8-kv"}  # kept on disk for their serving rows (the disk holds ~60 GiB)
     first8, rest8 = [], []
     for r in R8B:
         s = short(r)
-        d = x / f"8b-{s}"
+        # the exports kept for serving rows in RAM when it has room (the disk filled up with
+        # them there: 64 GiB)
+        d = (FAST / "x" if s in served and FAST != WORK / "src" else x) / f"8b-{s}"
         (first8 if s in ("gptq-int4-asym", "fp8-dynamic") else rest8).append(
             export(f"export-8b-{s}", r, str(M8B), d, ["build-8b"]))
         if s not in served:
@@ -151,7 +161,9 @@ def jobs() -> list[Job]:
                     extra=["--args", json.dumps(args), *(extra or [])], timeout=timeout)
 
     big = {"gpu_memory_utilization": 0.9, "max_model_len": 8192}
-    ex = lambda s: x / f"8b-{s}" / "export"  # noqa: E731
+    def ex(s: str) -> Path:
+        return (FAST / "x" if FAST != WORK / "src" else x) / f"8b-{s}" / "export"
+
     serving = [
         serve("serve-8b-bf16", M8B, ["build-8b", "vllm"], big),
         serve("serve-8b-gptq-int4-asym", ex("gptq-int4-asym"),
@@ -214,7 +226,7 @@ def jobs() -> list[Job]:
     # priority: the default model, the serving core, the planner's boundary, the MoE, the
     # other 8B formats, then the rest of the serving table and the planner's configurations
     return (out + first8 + serving[:4] + planner[:2] + moe[:5] + rest8 + serving[4:6]
-            + planner[2:4] + moe[5:] + serving[6:] + planner[4:])
+            + planner[2:4] + moe[5:] + serving[6:] + planner[4:] + slow)
 
 
 # --- the queue --------------------------------------------------------------------------------
@@ -344,11 +356,10 @@ def w4afp8(model: Path, out: Path) -> None:
     W4AFP8 preset, which vLLM runs on Hopper with CUTLASS W4A8
     (model_executor/kernels/linear/mixed_precision/cutlass.py); no recipe ships it, so it is
     made here with llm-compressor's own call, round-to-nearest (random weights)."""
+    import torch
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import torch
 
     m = AutoModelForCausalLM.from_pretrained(
         model, dtype="auto", device_map="cuda" if torch.cuda.is_available() else "cpu")

@@ -21,6 +21,7 @@ from quantize.planner.kv import BLOCK, kv_bytes_per_token, request_bytes
 from quantize.planner.sources import load_source
 from quantize.planner.weights import (
     LayerPlan,
+    WeightEstimate,
     estimate_weights,
     meta,
     published_layers,
@@ -46,16 +47,47 @@ class VllmProfile:
 
 
 PROFILES: dict[str, VllmProfile] = {
+    # vLLM 0.26.0 on an H200, read from the engine itself (its worker's memory profile, its
+    # "GPU KV cache size" line): the forward peak over max_num_batched_tokens x hidden is
+    # 3.82 hidden-sized buffers besides the MLP (1.78 GiB at 16,384 tokens, 0.21 GiB at 2,048
+    # on Llama-3.1-8B); the dummy sampler never set the peak there, so its constant is the
+    # largest those rows allow (6.9 bytes per logit: a plan never counts it short); non-torch
+    # 0.225 GiB on one GPU. The V2 model runner captures CUDA graphs after sizing the cache
+    # (v1/worker/gpu/model_runner.py profile_cudagraph_memory returns 0), so graphs stay
+    # outside the budget as in 0.19. Tensor parallelism was not measured: 0.19's value.
+    "0.26": VllmProfile("0.26", 6.9, 3.82, 0.225, 2.1,
+                        "measured: vLLM 0.26.0 on an H200 (bench/results/"
+                        "2026-12-04-plan-vs-vllm.json)"),
     "0.19": VllmProfile("0.19", 15.4, 4.25, 0.25, 2.1,
                         "llm-d-incubation/llm-d-planner accuracy/results/v0.19.0/logs (H100)"),
     "0.11": VllmProfile("0.11", 38.5, 4.25, 0.13, 0.55,
                         "llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md"),
 }
-DEFAULT_PROFILE = "0.19"
-# Not in the KV budget (vLLM <= 0.19 captures CUDA graphs after sizing the cache), but on the
-# card: the graph pool (0.5-1.9 GiB in the v0.19 logs) and the CUDA context.
+DEFAULT_PROFILE = "0.26"
+# Not in the KV budget (vLLM 0.19 and 0.26 capture CUDA graphs after sizing the cache), but on
+# the card: the graph pool (0.5-1.9 GiB in the v0.19 logs; 0.99 GiB for Llama-3.1-8B at
+# max_num_seqs 1024 with vLLM 0.26 on an H200, none with --enforce-eager) and the CUDA context.
 CUDAGRAPH_GIB = 1.0
 CONTEXT_GIB = 0.5
+
+
+# What vLLM holds on the GPU beside the checkpoint's tensors, measured on an H200 with vLLM
+# 0.26 (model_memory_usage against the planner's tensor sum, Llama-3.1-8B): the rotary
+# cos/sin table (max_position x head_dim at the model dtype: 32 MiB there), 16-45 MiB of
+# allocator rounding and kernel workspaces (RESIDENT_MISC_GIB, counted at the top of that
+# range), and on Hopper the Machete kernel's zero points at 16 bits where the checkpoint
+# packs them at 4 (+0.16 GiB for the 8B at group 64; Marlin, which vLLM picks elsewhere,
+# keeps them packed).
+RESIDENT_MISC_GIB = 0.05
+
+
+def resident_extra(shape: Shape, est: WeightEstimate, gpu: Gpu, tp: int) -> int:
+    """Bytes per GPU that vLLM holds beyond the stored weights (see RESIDENT_MISC_GIB)."""
+    rotary = (shape.max_position or 0) * shape.head_dim * shape.dtype_bytes
+    machete = 0
+    if gpu.capability[0] == 9 and est.zero_points:
+        machete = est.zero_points * (shape.dtype_bytes * 8 - est.zero_point_bits) // 8 // tp
+    return rotary + machete + int(RESIDENT_MISC_GIB * GIB)
 
 
 def serve_defaults(gpu: Gpu) -> tuple[int, int]:
@@ -75,6 +107,7 @@ class Memory:
     activation_forward: int
     activation_sampler: int
     nontorch: int
+    offloaded: int  # weight bytes --cpu-offload-gb keeps in host memory (at least that)
     available: int
     kv_bytes_per_token: int
     kv_tokens: int
@@ -102,26 +135,35 @@ def activation_peak(shape: Shape, tp: int, batched: int, seqs: int,
 
 
 def vllm_memory(shape: Shape, weights_rank: int, gpu: Gpu, tp: int, util: float, context: int,
-                batched: int, seqs: int, kv_bytes: int, profile: VllmProfile) -> Memory:
+                batched: int, seqs: int, kv_bytes: int, profile: VllmProfile,
+                cpu_offload_gib: float = 0.0) -> Memory:
+    """`cpu_offload_gib`: vLLM's --cpu-offload-gb. It moves whole parameters to host memory
+    until at least that many GiB are there (model_executor/offloader/uva.py), so the GPU holds
+    at most weights - that: counted at exactly that, a plan never counts KV it lacks."""
     total = gpu.memory_bytes
     requested = int(total * util)
     forward, sampler = activation_peak(shape, tp, batched, seqs, profile)
     activation = max(forward, sampler)
     nontorch = int((profile.nontorch_gib_tp if tp > 1 else profile.nontorch_gib_single) * GIB)
+    offloaded = min(weights_rank, int(cpu_offload_gib * GIB))
+    weights_rank -= offloaded
     available = requested - weights_rank - activation - nontorch
     per_token = kv_bytes_per_token(shape, tp, kv_bytes)
     blocks = max(0, available) // (per_token * BLOCK) if per_token else 0
     per_request = request_bytes(shape, tp, kv_bytes, context, batched)
     concurrency = (blocks * BLOCK * per_token) / per_request if per_request else 0.0
     return Memory(total, requested, weights_rank, activation, forward, sampler, nontorch,
-                  available, per_token, blocks * BLOCK, per_request, concurrency)
+                  offloaded, available, per_token, blocks * BLOCK, per_request, concurrency)
 
 
 def predict(model: str, gpu: Gpu, *, tp: int = 1, util: float = 0.9, context: int = 8192,
             batched: int | None = None, seqs: int | None = None, kv_fp8: bool = False,
-            recipe: Recipe | None = None, profile: str = DEFAULT_PROFILE) -> Memory:
+            recipe: Recipe | None = None, profile: str = DEFAULT_PROFILE,
+            cpu_offload_gib: float = 0.0, eager: bool = False) -> Memory:
     """One vLLM start-up predicted: the numbers behind `GPU KV cache size: N tokens`.
-    batched/seqs default to `vllm serve`'s defaults for the GPU."""
+    batched/seqs default to `vllm serve`'s defaults for the GPU. `eager` (--enforce-eager)
+    leaves the budget as it is: CUDA graphs live outside it (CUDAGRAPH_GIB)."""
+    del eager  # the same budget; named so that callers say what they plan
     from quantize.checks.preflight import resolve_group_size, targeted_layers
 
     source = load_source(model)
@@ -134,6 +176,8 @@ def predict(model: str, gpu: Gpu, *, tp: int = 1, util: float = 0.9, context: in
     else:  # the checkpoint as published (or unquantized)
         qc = published_quant(source.config)
         plan = published_layers(mdl, qc)[0] if qc is not None else LayerPlan({}, None)
-    weights = estimate_weights(mdl, shape.dtype_bytes, plan).per_rank(tp)
+    est = estimate_weights(mdl, shape.dtype_bytes, plan)
+    weights = est.per_rank(tp) + resident_extra(shape, est, gpu, tp)
     return vllm_memory(shape, weights, gpu, tp, util, context, batched or t_default,
-                       seqs or s_default, 1 if kv_fp8 else shape.dtype_bytes, PROFILES[profile])
+                       seqs or s_default, 1 if kv_fp8 else shape.dtype_bytes, PROFILES[profile],
+                       cpu_offload_gib)

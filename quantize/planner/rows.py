@@ -11,7 +11,14 @@ from quantize.errors import PreflightError
 from quantize.model.config import Shape
 from quantize.planner.gpus import Gpu
 from quantize.planner.kv import kv_bytes_per_token
-from quantize.planner.memory import DEFAULT_PROFILE, GIB, Memory, VllmProfile, vllm_memory
+from quantize.planner.memory import (
+    DEFAULT_PROFILE,
+    GIB,
+    Memory,
+    VllmProfile,
+    resident_extra,
+    vllm_memory,
+)
 from quantize.planner.recommend import (
     Row,
     gpu_support,
@@ -72,7 +79,7 @@ class RowBuilder:
         if rec is not None and kind == "partial" and rec.kv_dtype != "fp8":
             est = self._estimate(self.loaded.get(rec.recipe))
             if est is not None:
-                mem = vllm_memory(self.shape, est.per_rank(self.req.gpus), self.req.gpu,
+                mem = vllm_memory(self.shape, self._resident(est, self.req.gpus), self.req.gpu,
                                   self.req.gpus, self.req.util, self.req.context, self.batched,
                                   self.req.concurrency, 1, self.profile)
                 out.append(f"--kv-cache-dtype fp8 halves the KV bytes: {rec.recipe} would hold "
@@ -181,7 +188,7 @@ class RowBuilder:
         problem = tp_problem(self.shape, tp, group)
         if problem:
             return None, "no-fit", f"TP={tp} impossible: {problem}"
-        mem = vllm_memory(self.shape, est.per_rank(tp), req.gpu, tp, req.util, req.context,
+        mem = vllm_memory(self.shape, self._resident(est, tp), req.gpu, tp, req.util, req.context,
                           self.batched, req.concurrency, kv_bytes, self.profile)
         if mem.weights >= mem.requested:
             return mem, "no-fit", (f"weights need {mem.weights / GIB:.1f} GiB per GPU, the "
@@ -193,6 +200,11 @@ class RowBuilder:
             return mem, "partial", (f"only {mem.max_sequences} of {req.concurrency} sequences "
                                     f"at {req.context:,} tokens")
         return mem, "fits", ""
+
+    def _resident(self, est: WeightEstimate, tp: int) -> int:
+        """What one GPU holds for the weights in vLLM: the stored tensors' share and what
+        vLLM adds beside them (memory.resident_extra)."""
+        return est.per_rank(tp) + resident_extra(self.shape, est, self.req.gpu, tp)
 
     def _min_tp(self, est: WeightEstimate, kv_bytes: int,
                 group: int | None) -> tuple[int | None, int | None]:

@@ -109,6 +109,10 @@ class WeightEstimate:
     total: int
     replicated: int  # bytes every tensor-parallel rank holds in full
     quantized: int  # bytes of the quantized tensors (for checks against exports)
+    # zero points of asymmetric packed int weights in dense Linears (count; stored packed at
+    # `zero_point_bits` each): vLLM's Machete kernel holds them at 16 bits (memory.py)
+    zero_points: int = 0
+    zero_point_bits: int = 0
 
     def per_rank(self, tp: int) -> int:
         return self.replicated + math.ceil((self.total - self.replicated) / tp)
@@ -120,7 +124,7 @@ _REPLICATED = re.compile(r"(mlp\.gate\.weight|kv_a_proj_with_mqa|q_a_proj|e_scor
 
 
 def estimate_weights(model: Any, dtype_bytes: int, plan: LayerPlan) -> WeightEstimate:
-    total = replicated = quantized = 0
+    total = replicated = quantized = zero_points = zp_bits = 0
     modules = dict(model.named_modules())
     attention_layers = 0
     for name, param in model.named_parameters():  # tied weights are listed once
@@ -129,6 +133,10 @@ def estimate_weights(model: Any, dtype_bytes: int, plan: LayerPlan) -> WeightEst
         if fmt is not None and pname == "weight" and param.ndim == 2:
             size = linear_bytes(param.shape[0], param.shape[1], fmt, dtype_bytes)
             quantized += size
+            if fmt.kind == "pack" and not fmt.symmetric:
+                groups = math.ceil(param.shape[1] / fmt.group) if fmt.group else 1
+                zero_points += param.shape[0] * groups
+                zp_bits = fmt.bits
         elif param.ndim == 3 and plan.experts_fmt is not None and _is_experts(modules[owner]):
             fmt = plan.experts_fmt  # exported as one Linear per expert projection
             size = sum(e * linear_bytes(out_f, in_f, fmt, dtype_bytes) for _, in_f, out_f, e
@@ -147,7 +155,7 @@ def estimate_weights(model: Any, dtype_bytes: int, plan: LayerPlan) -> WeightEst
     if plan.kv_scales:  # k_scale and v_scale per attention layer, model dtype
         total += 2 * attention_layers * dtype_bytes
         replicated += 2 * attention_layers * dtype_bytes
-    return WeightEstimate(total, replicated, quantized)
+    return WeightEstimate(total, replicated, quantized, zero_points, zp_bits)
 
 
 def _stored_bytes(model: Any, name: str, dtype_bytes: int) -> int:
