@@ -44,6 +44,10 @@ class VllmProfile:
     nontorch_gib_single: float  # non-torch increase with one GPU (cuBLAS, allocator)
     nontorch_gib_tp: float  # ... with tensor parallelism (NCCL + custom all-reduce buffers)
     source: str
+    # what vLLM holds beside the checkpoint's tensors (resident_extra): read from the engine
+    # for 0.26; the older profiles were fitted to logs with it inside their constants
+    resident_misc_gib: float = 0.0
+    resident_tables: bool = False
 
 
 PROFILES: dict[str, VllmProfile] = {
@@ -57,7 +61,7 @@ PROFILES: dict[str, VllmProfile] = {
     # outside the budget as in 0.19. Tensor parallelism was not measured: 0.19's value.
     "0.26": VllmProfile("0.26", 6.9, 3.82, 0.225, 2.1,
                         "measured: vLLM 0.26.0 on an H200 (bench/results/"
-                        "2026-12-04-plan-vs-vllm.json)"),
+                        "2026-12-04-plan-vs-vllm.json)", 0.05, True),
     "0.19": VllmProfile("0.19", 15.4, 4.25, 0.25, 2.1,
                         "llm-d-incubation/llm-d-planner accuracy/results/v0.19.0/logs (H100)"),
     "0.11": VllmProfile("0.11", 38.5, 4.25, 0.13, 0.55,
@@ -71,23 +75,21 @@ CUDAGRAPH_GIB = 1.0
 CONTEXT_GIB = 0.5
 
 
-# What vLLM holds on the GPU beside the checkpoint's tensors, measured on an H200 with vLLM
-# 0.26 (model_memory_usage against the planner's tensor sum, Llama-3.1-8B): the rotary
-# cos/sin table (max_position x head_dim at the model dtype: 32 MiB there), 16-45 MiB of
-# allocator rounding and kernel workspaces (RESIDENT_MISC_GIB, counted at the top of that
-# range), and on Hopper the Machete kernel's zero points at 16 bits where the checkpoint
-# packs them at 4 (+0.16 GiB for the 8B at group 64; Marlin, which vLLM picks elsewhere,
-# keeps them packed).
-RESIDENT_MISC_GIB = 0.05
-
-
-def resident_extra(shape: Shape, est: WeightEstimate, gpu: Gpu, tp: int) -> int:
-    """Bytes per GPU that vLLM holds beyond the stored weights (see RESIDENT_MISC_GIB)."""
+def resident_extra(shape: Shape, est: WeightEstimate, gpu: Gpu, tp: int,
+                   profile: VllmProfile) -> int:
+    """Bytes per GPU that vLLM holds beside the stored weights, measured on an H200 with vLLM
+    0.26 (model_memory_usage against the planner's tensor sum, Llama-3.1-8B): the rotary
+    cos/sin table (max_position x head_dim at the model dtype: 32 MiB there), 16-45 MiB of
+    allocator rounding and kernel workspaces (the profile's resident_misc_gib, the top of that
+    range), and on Hopper the Machete kernel's zero points at 16 bits where the checkpoint
+    packs them at 4 (+0.16 GiB for the 8B at group 64; Marlin keeps them packed)."""
+    if not profile.resident_tables:
+        return int(profile.resident_misc_gib * GIB)
     rotary = (shape.max_position or 0) * shape.head_dim * shape.dtype_bytes
     machete = 0
     if gpu.capability[0] == 9 and est.zero_points:
         machete = est.zero_points * (shape.dtype_bytes * 8 - est.zero_point_bits) // 8 // tp
-    return rotary + machete + int(RESIDENT_MISC_GIB * GIB)
+    return rotary + machete + int(profile.resident_misc_gib * GIB)
 
 
 def serve_defaults(gpu: Gpu) -> tuple[int, int]:
@@ -177,7 +179,7 @@ def predict(model: str, gpu: Gpu, *, tp: int = 1, util: float = 0.9, context: in
         qc = published_quant(source.config)
         plan = published_layers(mdl, qc)[0] if qc is not None else LayerPlan({}, None)
     est = estimate_weights(mdl, shape.dtype_bytes, plan)
-    weights = est.per_rank(tp) + resident_extra(shape, est, gpu, tp)
+    weights = est.per_rank(tp) + resident_extra(shape, est, gpu, tp, PROFILES[profile])
     return vllm_memory(shape, weights, gpu, tp, util, context, batched or t_default,
                        seqs or s_default, 1 if kv_fp8 else shape.dtype_bytes, PROFILES[profile],
                        cpu_offload_gib)

@@ -204,7 +204,8 @@ class RowBuilder:
     def _resident(self, est: WeightEstimate, tp: int) -> int:
         """What one GPU holds for the weights in vLLM: the stored tensors' share and what
         vLLM adds beside them (memory.resident_extra)."""
-        return est.per_rank(tp) + resident_extra(self.shape, est, self.req.gpu, tp)
+        return est.per_rank(tp) + resident_extra(self.shape, est, self.req.gpu, tp,
+                                                 self.profile)
 
     def _min_tp(self, est: WeightEstimate, kv_bytes: int,
                 group: int | None) -> tuple[int | None, int | None]:
