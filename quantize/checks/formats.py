@@ -9,7 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantize.errors import PreflightError
-from quantize.spec.schemes import KERNELS, SCHEMES, gpu_support_level, native_schemes
+from quantize.spec.schemes import (
+    KERNELS,
+    SCHEMES,
+    gpu_problem,
+    gpu_support_level,
+    native_schemes,
+)
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,12 @@ def gpu_notes(schemes: list[Any], gpu: GpuTarget, experts: bool) -> list[str]:
         rule = KERNELS[family]
         level = gpu_support_level(family, gpu.cc, moe=experts)
         label = rule.label or family
+        bits = SCHEMES[name].weight_bits
+        if rule.gpu_bits and bits not in rule.gpu_bits:
+            raise PreflightError(
+                problem=f"{name} has no vLLM kernel on {gpu.name}: "
+                        f"{gpu_problem(family, bits, gpu.cc)}",
+                hint=f"formats native on {gpu.name}: {instead}")
         if level == "unsupported":
             raise PreflightError(
                 problem=f"{name} ({label}) has no vLLM kernel on {gpu.name} ({gpu.sm}): it "

@@ -56,11 +56,9 @@ def gpu_support(recipe: Recipe | None, gpu: Gpu, experts: bool) -> tuple[bool, s
     cc = major * 10 + minor
     rule = KERNELS[family]
     problem = gpu_problem(family, scheme.weight_bits, cc)
-    # The table's capability rule refuses the card here. Its weight-bits rule (no CUDA kernel
-    # for 2/3-bit codes) is not applied on a capable card: `quantize plan` has always listed
-    # W2A16/W3A16 rows as servable, and refusing them is a change users would see, so it is
-    # left to a decision of its own rather than made in a refactor.
-    if problem and cc < rule.gpu_min_cc:
+    # the capability rule, and the weight-bits rule: no CUDA kernel for 2/3-bit codes (vLLM
+    # 0.26 refused a W2A16 export on an H200, bench/results/2026-12-04-vllm-gpu.json)
+    if problem:
         return False, problem
     if family in ("nvfp4", "nvfp4-weight-only", "mxfp4", "mxfp4-weight-only"):
         if gpu_support_level(family, cc, moe=experts) == "fallback":

@@ -302,8 +302,10 @@ def gpu_problem(family: str, bits: int | None, cc: int) -> str | None:
     if rule is None:
         return f"format {family} is not known to run in vLLM"
     if rule.gpu_bits and bits not in rule.gpu_bits:
-        return (f"{bits}-bit weights have no built-in vLLM CUDA kernel (Marlin/Machete/Exllama "
-                "take 4 and 8 bits)")
+        took = " and ".join(map(str, rule.gpu_bits))
+        return (f"{bits}-bit integer weights have no vLLM CUDA kernel: vLLM 0.26 refused a "
+                f"{bits}-bit export on an H200 ('Failed to find a kernel that can implement the "
+                f"WNA16 linear layer': Machete and Marlin take {took}-bit codes)")
     if cc < rule.gpu_min_cc:
         what = "FP8 needs" if family.startswith("fp8") else "needs"
         return f"{what} compute capability >= {rule.gpu_min_cc / 10:.1f} (GPU is sm_{cc})"

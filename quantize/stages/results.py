@@ -103,6 +103,7 @@ class VllmLoad(Record):
     kv_cache_dtype: str | None = None
     load_s: float | None = None
     engine_args: dict[str, Scalar] | None = None
+    kernels: dict[str, int] | None = None  # "Method/Scheme/Kernel" -> layers (vllm_io)
 
 
 VLLM_KEY = "_vllm"  # the scores file's entry for the vLLM load (not a metric)
@@ -284,6 +285,11 @@ class EngineBrief(Record):
     reason: str
     tp: int
     kv_cache_dtype: str
+    # scored through vLLM: its version, where it ran, and the kernels it ran the candidate on
+    # (quality that changes with the kernel is then traceable to it)
+    vllm_version: str | None = None
+    device: str | None = None
+    kernels: dict[str, int] | None = None
 
 
 class CoverageBrief(Record):

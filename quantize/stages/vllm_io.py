@@ -92,6 +92,17 @@ class LayerKernel(Record):
 Kernels = dict[str, dict[str, LayerKernel] | str]
 
 
+def kernel_counts(layers: Kernels | None) -> dict[str, int]:
+    """How many layers each kernel runs ("Method/Scheme/Kernel" -> count, linear layers and
+    attention), from a worker answer's `layers`; empty when vLLM could not be inspected."""
+    out: dict[str, int] = {}
+    for table in ("linear", "attention"):
+        rows = (layers or {}).get(table)
+        if isinstance(rows, dict):
+            out.update({key: row.count for key, row in rows.items()})
+    return out
+
+
 class ScoreAnswer(Answer):
     groups: list[ScoredGroup] = Field(default_factory=list)
     kv_cache_dtype: str | None = None

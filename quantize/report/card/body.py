@@ -10,7 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from quantize.report.card.inputs import Calibration, CardInputs, GateView, MetricRow, VerifyView
+from quantize.report.card.inputs import (
+    Calibration,
+    CardInputs,
+    GateView,
+    Json,
+    MetricRow,
+    VerifyView,
+    kernel_names,
+)
 from quantize.report.card.memory import MemoryView, memory
 from quantize.spec.engines import ENGINES
 from quantize.spec.methods import METHODS
@@ -48,6 +56,7 @@ class BodyView:
     metrics: list[MetricRow]
     suite: str
     device: str
+    scored_by: str  # vLLM's version, where it ran and its kernels; "" for transformers
     base_dtype_note: str
     gate: GateView | None
     forced: bool
@@ -124,6 +133,19 @@ def _model_arg(inputs: CardInputs) -> str:
     return b.repo_id or f"<folder of {b.name}>"
 
 
+def scored_by(ev: Json) -> str:
+    """Who scored the eval when it was vLLM: the version, where, the candidate's kernels
+    (eval.json `engine`); quality can change with the kernel vLLM picks."""
+    engine = ev.get("engine") or {}
+    if engine.get("name") != "vllm":
+        return ""
+    cand = (engine.get("vllm") or {}).get("candidate") or {}
+    where = {"cuda": "GPU", "cpu": "CPU"}.get(str(engine.get("device")), "?")
+    text = f"vLLM {engine.get('vllm_version') or cand.get('vllm_version') or '?'} on {where}"
+    kernels = cand.get("kernels") or {}
+    return text + (f" (kernels: {kernel_names(kernels)})" if kernels else "")
+
+
 def body_view(inputs: CardInputs) -> BodyView:
     r, b = inputs.recipe, inputs.base
     kv_bits = inputs.kv_cache_bits
@@ -147,6 +169,7 @@ def body_view(inputs: CardInputs) -> BodyView:
         format_cell=_format_cell(inputs),
         calibration=inputs.calibration if r.needs_calibration else None,
         metrics=metrics, suite=str(ev.get("suite", "?")), device=str(ev.get("device", "?")),
+        scored_by=scored_by(ev),
         base_dtype_note=f" ({b.dtype})" if b.dtype else "", gate=GateView.read(inputs.gate),
         forced=inputs.forced, notes=[f"{m.name}: {m.note}" for m in metrics if m.note],
         base_note=b.note, verify=VerifyView.read(inputs.verify), memory=memory(inputs),

@@ -186,6 +186,17 @@ class GateView:
                    [str(w) for w in gate.get("warnings") or []])
 
 
+def kernel_names(kernels: dict[str, int]) -> str:
+    """"MarlinLinearKernel x90, MacheteLinearKernel x30": each kernel class with its layers
+    (the last part of the worker's "Method/Scheme/Kernel" key; attention backends as is)."""
+    short: dict[str, int] = {}
+    for key, n in kernels.items():
+        parts = key.split("/")
+        name = parts[0] if "kv_cache_dtype=" in key else parts[-1]
+        short[name] = short.get(name, 0) + n
+    return ", ".join(f"{k} x{n}" for k, n in sorted(short.items(), key=lambda kv: -kv[1]))
+
+
 _VERIFY_FIELDS = (("result", "result"), ("why_not_vllm", "vLLM check skipped"),
                   ("format", "format"), ("kv_cache_dtype", "KV cache dtype"),
                   ("tp", "tensor parallel"), ("host", "host"))
@@ -214,5 +225,12 @@ class VerifyView:
         rows += [(k, val) for k, val in sorted(v.items())
                  if k not in _VERIFY_HIDDEN and isinstance(val, (int, float, str))
                  and not isinstance(val, bool) and not str(val).startswith(("/", "~"))]
+        vllm = v.get("vllm") or {}
+        kernels = {key: row.get("count", 0)
+                   for table in ("linear", "attention")
+                   for key, row in ((vllm.get("layers") or {}).get(table) or {}).items()
+                   if isinstance(row, dict)}
+        if kernels:  # the kernels vLLM ran the check on
+            rows.append((f"vLLM {vllm.get('vllm_version', '')} kernels", kernel_names(kernels)))
         return cls(str(v.get("level", "?")), _VERIFY_HOW.get(str(v.get("level")), ""),
                    "passed" if v.get("passed") else "FAILED", rows)

@@ -304,6 +304,11 @@ def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, de
                                      recovery=r.recovery) for r in result.metrics},
         engine=EngineBrief(name=c.name, requested=c.requested, reason=c.reason, tp=c.tp,
                            kv_cache_dtype=c.kv_cache_dtype))
+    if c.name == "vllm":
+        summary.engine.vllm_version = c.vllm_version
+        summary.engine.device = c.device
+        if cand.vllm is not None and cand.vllm.kernels:
+            summary.engine.kernels = cand.vllm.kernels
     if moe is not None:  # the manifest's copy
         summary.expert_coverage = moe
     return summary

@@ -24,7 +24,7 @@ from quantize.progress import info, step
 from quantize.spec.recipe import EvalSuite, MetricSpec
 from quantize.stages.eval.engine import EngineChoice
 from quantize.stages.results import Score, Scores, VllmLoad
-from quantize.stages.vllm_io import ScoreGroup, ScoreRequest, score, size_kv
+from quantize.stages.vllm_io import ScoreGroup, ScoreRequest, kernel_counts, score, size_kv
 
 TIMEOUT_S = 3600
 Key = tuple[tuple[int, ...], int]
@@ -116,7 +116,8 @@ def evaluate(path: Path, suite: EvalSuite, choice: EngineChoice, label: str, wor
             info(f"    {spec.name} = {r.value:.4g} (n={r.n}, vLLM {group.seconds}s)")
     results.vllm = VllmLoad(vllm_version=res.vllm_version, quantization=res.quantization,
                             dtype=res.dtype, kv_cache_dtype=res.kv_cache_dtype,
-                            load_s=res.load_s, engine_args=res.engine_args)
+                            load_s=res.load_s, engine_args=res.engine_args,
+                            kernels=kernel_counts(res.layers) or None)
     return results
 
 

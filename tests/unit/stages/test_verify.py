@@ -93,7 +93,7 @@ def test_other_quant_methods_are_refused() -> None:
     (AVX512, qconfig(F8CH), r"FP8 weight-only needs AMX"),
     (gpu(70), qconfig(W4G64), r"compute capability >= 7.5 \(GPU is sm_70\)"),
     (gpu(75), qconfig(F8CH, F8TOK), r"FP8 needs compute capability >= 8.0"),
-    (gpu(90), qconfig(W2G64), r"2-bit weights have no built-in vLLM CUDA kernel"),
+    (gpu(90), qconfig(W2G64), r"2-bit integer weights have no vLLM CUDA kernel"),
 ])
 def test_unsupported_formats_say_why(host: H.Host, cfg: dict[str, Any], reason: str) -> None:
     s = caps.supported(checkpoint_format(cfg), host)

@@ -1,0 +1,34 @@
+"""The card names the serving stack a gate ran through: vLLM's version, where it ran and the
+kernels it picked (eval.json `engine`, verify.json `vllm.layers`)."""
+
+from __future__ import annotations
+
+from quantize.report.card.body import scored_by
+from quantize.report.card.inputs import VerifyView, kernel_names
+
+KERNELS = {"CompressedTensorsLinearMethod/CompressedTensorsWNA16/MarlinLinearKernel": 90,
+           "CompressedTensorsLinearMethod/CompressedTensorsWNA16/MacheteLinearKernel": 30,
+           "FLASH_ATTN/kv_cache_dtype=auto/CompressedTensorsKVCacheMethod": 30}
+
+
+def test_kernel_names_keep_the_kernel_class_and_the_attention_backend() -> None:
+    assert kernel_names(KERNELS) == ("MarlinLinearKernel x90, MacheteLinearKernel x30, "
+                                     "FLASH_ATTN x30")
+
+
+def test_an_eval_scored_by_vllm_names_version_device_and_kernels() -> None:
+    ev = {"engine": {"name": "vllm", "vllm_version": "0.26.0", "device": "cuda",
+                     "vllm": {"candidate": {"vllm_version": "0.26.0", "kernels": KERNELS}}}}
+    assert scored_by(ev) == ("vLLM 0.26.0 on GPU (kernels: MarlinLinearKernel x90, "
+                             "MacheteLinearKernel x30, FLASH_ATTN x30)")
+    assert scored_by({"engine": {"name": "hf"}}) == ""
+    assert scored_by({}) == ""
+
+
+def test_verify_facts_list_the_kernels_vllm_ran() -> None:
+    layers = {"linear": {k: {"count": n, "example": "l"} for k, n in KERNELS.items()
+                         if "kv_cache" not in k}, "attention": {}}
+    view = VerifyView.read({"level": "vllm", "passed": True, "result": "ok",
+                            "vllm": {"vllm_version": "0.26.0", "layers": layers}})
+    assert view is not None
+    assert ("vLLM 0.26.0 kernels", "MarlinLinearKernel x90, MacheteLinearKernel x30") in view.rows
