@@ -34,12 +34,20 @@ _STATUS = {"fits": "yes", "partial": "fewer users", "no-kv": "no (KV)", "no-fit"
               show_default=True, help="where to look for run folders with measured recoveries")
 @click.option("--gpu-file", type=click.Path(path_type=Path), default=None,
               help="extra GPU catalog YAML (same format as quantize/data/gpus.yaml)")
-@click.option("--vllm-profile", type=click.Choice(["0.19", "0.11"]), default="0.19",
-              show_default=True, help="vLLM release whose profile-run constants to use")
+@click.option("--max-num-seqs", type=int, default=None,
+              help="vLLM's sequence limit (default: --concurrency); sizes the sampler's peak")
+@click.option("--cpu-offload-gb", "cpu_offload_gb", type=float, default=0.0, show_default=True,
+              help="GiB of weights vLLM keeps in host memory (vllm serve --cpu-offload-gb)")
+@click.option("--enforce-eager", is_flag=True,
+              help="plan for vllm serve --enforce-eager (no CUDA graphs)")
+@click.option("--vllm-profile", type=click.Choice(["0.26", "0.19", "0.11"]), default="0.26",
+              show_default=True, help="vLLM release whose profile-run constants to use "
+              "(0.26: measured on an H200, docs/plan.md)")
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
 @handle_errors
 def plan_cmd(model: str, gpu_name: str, gpus: int, context: int, concurrency: int, recipes: str,
              util: float, kv_cache_dtype: str, max_num_batched_tokens: int | None,
+             max_num_seqs: int | None, cpu_offload_gb: float, enforce_eager: bool,
              runs_dir: Path, gpu_file: Path | None, vllm_profile: str, as_json: bool) -> None:
     """Which recipe lets MODEL serve --max-model-len tokens to --concurrency users on --gpus
     x --gpu, and the `vllm serve` command for it. MODEL: a built-in model (e.g.
@@ -51,7 +59,8 @@ def plan_cmd(model: str, gpu_name: str, gpus: int, context: int, concurrency: in
     req = PlanRequest(model=model, gpu=find(gpu_name, gpu_file), gpus=gpus, context=context,
                       concurrency=concurrency, recipes=[recipes], util=util,
                       kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=max_num_batched_tokens,
-                      runs_dir=runs_dir, profile=vllm_profile)
+                      runs_dir=runs_dir, profile=vllm_profile, max_num_seqs=max_num_seqs,
+                      cpu_offload_gib=cpu_offload_gb, enforce_eager=enforce_eager)
     plan = make_plan(req)
     if as_json:
         click.echo(json.dumps(plan.to_dict(), indent=2, default=str))
@@ -71,7 +80,8 @@ def _gib(n: float) -> str:
 
 def render(plan: object) -> list[str]:
     """The plan as plain text (copy-pasteable; no terminal-width wrapping)."""
-    from quantize.planner.memory import GIB
+    from quantize.planner.levers import boundary, margin
+    from quantize.planner.memory import GIB, PROFILES
     from quantize.planner.plan import Plan
     from quantize.planner.rows import TP_CANDIDATES
 
@@ -82,9 +92,11 @@ def render(plan: object) -> list[str]:
            f"sequences, gpu_memory_utilization {req.util}",
            f"KV model: {plan.kv_model}",
            f"vLLM profile run: max_num_batched_tokens {plan.batched}, max_num_seqs "
-           f"{req.concurrency}; constants from vLLM {req.profile} logs", ""]
+           f"{req.seqs}; constants of vLLM {req.profile} ({PROFILES[req.profile].source})"
+           + (f"; --cpu-offload-gb {req.cpu_offload_gib:g}" if req.cpu_offload_gib else "")
+           + ("; --enforce-eager" if req.enforce_eager else ""), ""]
     head = ("recipe", "format", "weights/GPU", "KV B/tok", "KV tokens", "max seqs", "fits",
-            "min TP", "accuracy", f"on {gpu.name}")
+            "margin", "min TP", "accuracy", f"on {gpu.name}")
     rows = [head]
     for r in plan.rows:
         m = r.memory
@@ -94,7 +106,7 @@ def render(plan: object) -> list[str]:
                      f"{m.kv_bytes_per_token:,}" if m else "-",
                      f"{m.kv_tokens:,}" if m else "-",
                      f"{m.max_sequences}" if m else "-",
-                     _STATUS.get(r.status, r.status),
+                     _STATUS.get(r.status, r.status), margin(m, req.concurrency),
                      str(r.min_tp) if r.min_tp else "-" if r.status in ("n/a", "unsupported")
                      else f">{TP_CANDIDATES[-1]}",
                      _accuracy(r.accuracy, r.accuracy_source), r.support))
@@ -118,10 +130,12 @@ def render(plan: object) -> list[str]:
         out.append(f"Recommendation: {rec.recipe} ({rec.scheme}) with TP={req.gpus} {verdict} "
                    f"{req.concurrency} sequences of {req.context:,} tokens: {m.max_sequences} "
                    f"fit ({m.max_concurrency:.2f}x, {m.kv_tokens:,} KV tokens).")
+        off = f" ({_gib(m.offloaded)} more in host memory)" if m.offloaded else ""
         out.append(f"  per GPU: {_gib(m.total)} GiB x {req.util} = {_gib(m.requested)} GiB; "
-                   f"weights {_gib(m.weights)}, activation peak {_gib(m.activation)} "
+                   f"weights {_gib(m.weights)}{off}, activation peak {_gib(m.activation)} "
                    f"(forward {_gib(m.activation_forward)}, sampler {_gib(m.activation_sampler)}), "
                    f"non-torch {_gib(m.nontorch)} -> KV {_gib(m.available)} GiB")
+        out.append(f"  boundary: {boundary(m, req.concurrency)}")
         out.append(f"  KV grows linearly: {m.kv_bytes_per_token:,} B/token x {req.context:,} "
                    f"tokens = {m.request_bytes / GIB:.2f} GiB per sequence per GPU, x "
                    f"{req.concurrency} sequences = {req.concurrency * m.request_bytes / GIB:.1f} "
@@ -130,6 +144,12 @@ def render(plan: object) -> list[str]:
         out.append(rec.serve or "")
     for hint in plan.hints:
         out.append(f"hint: {hint}")
+    if plan.levers and plan.lever_row is not None:
+        out.append("")
+        out.append(f"Levers for {plan.lever_row.recipe} (each alone, re-planned):")
+        for lv in plan.levers:
+            seqs = f" -> {lv.sequences} sequences" if lv.sequences is not None else ""
+            out.append(f"  {lv.flag}: {lv.effect}{seqs}")
     if plan.notes:
         out.append("")
         out.extend(f"note: {n}" for n in plan.notes)

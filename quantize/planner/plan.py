@@ -27,6 +27,7 @@ from typing import Any
 from quantize.model.config import Shape, model_shape
 from quantize.planner.gpus import PlanError
 from quantize.planner.kv import BLOCK, kv_bytes_per_token, kv_description, request_bytes
+from quantize.planner.levers import Lever, boundary, levers, margin
 from quantize.planner.memory import (
     CONTEXT_GIB,
     CUDAGRAPH_GIB,
@@ -37,7 +38,7 @@ from quantize.planner.memory import (
     serve_defaults,
     vllm_memory,
 )
-from quantize.planner.recommend import Row, gpu_support, recommend
+from quantize.planner.recommend import Row, gpu_support, recommend, recommendable
 from quantize.planner.rows import BASELINE, TP_CANDIDATES, PlanRequest, RowBuilder
 from quantize.planner.sources import CONFIGS, ModelSource, find_runs, load_source
 from quantize.planner.weights import (
@@ -70,6 +71,8 @@ class Plan:
     notes: list[str]
     kv_model: str
     hints: list[str] = field(default_factory=list)
+    levers: list[Lever] = field(default_factory=list)  # for `lever_row` (planner.levers)
+    lever_row: Row | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The `--json` document."""
@@ -80,20 +83,27 @@ class Plan:
             "gpu": req.gpu.model_dump(),
             "gpus": req.gpus, "context": req.context, "concurrency": req.concurrency,
             "gpu_memory_utilization": req.util, "max_num_batched_tokens": self.batched,
-            "max_num_seqs": req.concurrency, "vllm_profile": asdict(PROFILES[req.profile]),
+            "max_num_seqs": req.seqs, "cpu_offload_gb": req.cpu_offload_gib,
+            "enforce_eager": req.enforce_eager, "vllm_profile": asdict(PROFILES[req.profile]),
             "kv_model": self.kv_model,
-            "rows": [_row_dict(r) for r in self.rows],
-            "recommendation": _row_dict(self.recommendation) if self.recommendation else None,
+            "rows": [_row_dict(r, req.concurrency) for r in self.rows],
+            "recommendation": _row_dict(self.recommendation, req.concurrency)
+            if self.recommendation else None,
             "recommendation_kind": self.recommendation_kind,
+            "boundary": boundary(self.recommendation.memory, req.concurrency)
+            if self.recommendation else None,
+            "levers": {"row": self.lever_row.recipe if self.lever_row else None,
+                       "options": [asdict(lv) for lv in self.levers]},
             "hints": self.hints,
             "notes": self.notes,
         }
 
 
-def _row_dict(row: Row) -> dict[str, Any]:
+def _row_dict(row: Row, concurrency: int) -> dict[str, Any]:
     d = asdict(row)
     if row.memory is not None:
         d["memory"]["max_sequences"] = row.memory.max_sequences
+        d["margin"] = margin(row.memory, concurrency)
     return d
 
 
@@ -125,7 +135,7 @@ def make_plan(req: PlanRequest) -> Plan:
     shape = model_shape(source.config, model.config, error=PlanError)
     profile = PROFILES[req.profile]
     t_default, _ = serve_defaults(req.gpu)
-    batched = max(req.max_num_batched_tokens or t_default, req.concurrency)
+    batched = max(req.max_num_batched_tokens or t_default, req.seqs)
     runs = find_runs(req.runs_dir, source.name, req.model)
     if source.run is not None:
         runs = [source.run, *[r for r in runs if r.path != source.run.path]]
@@ -136,14 +146,27 @@ def make_plan(req: PlanRequest) -> Plan:
     rec, kind = recommend(rows)
     notes = builder.notes + _general_notes(req, shape, batched)
     kv_model = kv_description(shape, req.gpus, "the recipe's (model dtype unless fp8)")
+    lever_row = rec if rec is not None and kind == "fits" else _closest(rows)
+    inputs = builder.lever_inputs(lever_row) if lever_row is not None else None
     return Plan(req, source, shape, rows, rec, kind, batched, list(dict.fromkeys(notes)),
-                kv_model, builder.hints(rows, rec, kind))
+                kv_model, builder.hints(rows, rec, kind),
+                levers(lever_row, inputs, req.concurrency) if lever_row and inputs else [],
+                lever_row if inputs else None)
+
+
+def _closest(rows: list[Row]) -> Row | None:
+    """The row nearest to serving everyone when none does: the most sequences (then the most
+    accurate), among rows whose kernels run on the GPU and whose weights fit."""
+    near = [r for r in rows if r.memory is not None and r.status in ("partial", "no-kv")
+            and recommendable(r)]
+    return max(near, key=lambda r: (r.memory.max_concurrency if r.memory else 0, r.accuracy),
+               default=None)
 
 
 def _general_notes(req: PlanRequest, shape: Shape, batched: int) -> list[str]:
     notes = []
     gpu = req.gpu
-    head = req.util * gpu.memory_gib + CUDAGRAPH_GIB + CONTEXT_GIB
+    head = req.util * gpu.memory_gib + (0 if req.enforce_eager else CUDAGRAPH_GIB) + CONTEXT_GIB
     if head > gpu.memory_gib:
         outside = gpu.memory_gib * (1 - req.util)
         notes.append(f"--gpu-memory-utilization {req.util} leaves {outside:.2f} GiB outside "

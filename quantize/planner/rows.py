@@ -11,6 +11,7 @@ from quantize.errors import PreflightError
 from quantize.model.config import Shape
 from quantize.planner.gpus import Gpu
 from quantize.planner.kv import kv_bytes_per_token
+from quantize.planner.levers import LeverInputs
 from quantize.planner.memory import (
     DEFAULT_PROFILE,
     GIB,
@@ -56,6 +57,15 @@ class PlanRequest:
     max_num_batched_tokens: int | None = None
     runs_dir: Path = Path("runs")
     profile: str = DEFAULT_PROFILE
+    # levers (`vllm serve` flags): weights kept in host memory, the scheduler's sequence limit
+    # (default: --concurrency), no CUDA graphs
+    cpu_offload_gib: float = 0.0
+    max_num_seqs: int | None = None
+    enforce_eager: bool = False
+
+    @property
+    def seqs(self) -> int:
+        return self.max_num_seqs or self.concurrency
 
 
 @dataclass
@@ -81,7 +91,7 @@ class RowBuilder:
             if est is not None:
                 mem = vllm_memory(self.shape, self._resident(est, self.req.gpus), self.req.gpu,
                                   self.req.gpus, self.req.util, self.req.context, self.batched,
-                                  self.req.concurrency, 1, self.profile)
+                                  self.req.seqs, 1, self.profile, self.req.cpu_offload_gib)
                 out.append(f"--kv-cache-dtype fp8 halves the KV bytes: {rec.recipe} would hold "
                            f"{mem.max_sequences} sequences at TP={self.req.gpus}")
         full = [r for r in rows if r.min_tp and recommendable(r)]
@@ -189,7 +199,7 @@ class RowBuilder:
         if problem:
             return None, "no-fit", f"TP={tp} impossible: {problem}"
         mem = vllm_memory(self.shape, self._resident(est, tp), req.gpu, tp, req.util, req.context,
-                          self.batched, req.concurrency, kv_bytes, self.profile)
+                          self.batched, req.seqs, kv_bytes, self.profile, req.cpu_offload_gib)
         if mem.weights >= mem.requested:
             return mem, "no-fit", (f"weights need {mem.weights / GIB:.1f} GiB per GPU, the "
                                    f"budget is {mem.requested / GIB:.1f} GiB")
@@ -200,6 +210,20 @@ class RowBuilder:
             return mem, "partial", (f"only {mem.max_sequences} of {req.concurrency} sequences "
                                     f"at {req.context:,} tokens")
         return mem, "fits", ""
+
+    def lever_inputs(self, row: Row) -> LeverInputs | None:
+        """What planner.levers re-plans the row with (None: its weights are unknown)."""
+        recipe = self.loaded.get(row.recipe) if row.recipe != BASELINE else None
+        if row.recipe != BASELINE and recipe is None:
+            return None
+        est = self._estimate(recipe)
+        if est is None:
+            return None
+        req = self.req
+        return LeverInputs(self.shape, req.gpu, self._resident(est, req.gpus), req.gpus,
+                           req.util, req.context, self.batched, req.seqs,
+                           self.kv_dtype(recipe)[1], self.profile, req.cpu_offload_gib,
+                           req.enforce_eager)
 
     def _resident(self, est: WeightEstimate, tp: int) -> int:
         """What one GPU holds for the weights in vLLM: the stored tensors' share and what
@@ -224,11 +248,15 @@ class RowBuilder:
         else:
             ref = f"runs/{self.source.name}-{recipe.name}/export"
         parts = [f"vllm serve {ref}", f"--tensor-parallel-size {req.gpus}",
-                 f"--max-model-len {req.context}", f"--max-num-seqs {req.concurrency}",
+                 f"--max-model-len {req.context}", f"--max-num-seqs {req.seqs}",
                  f"--max-num-batched-tokens {self.batched}",
                  f"--gpu-memory-utilization {req.util}"]
         if kv_bytes == 1:
             parts.append("--kv-cache-dtype fp8")
+        if req.cpu_offload_gib:
+            parts.append(f"--cpu-offload-gb {req.cpu_offload_gib:g}")
+        if req.enforce_eager:
+            parts.append("--enforce-eager")
         cmd = " ".join(parts)
         if recipe is not None and (run is None or not run.export.is_dir()):
             cmd += f"   # build it first: quantize run {recipe.name} --model {req.model}"

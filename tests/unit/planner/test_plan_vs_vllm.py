@@ -1,0 +1,93 @@
+"""`quantize plan` against vLLM 0.26.0 running on an H200 (bench/results/
+2026-12-04-plan-vs-vllm.json; bench/vllm_gpu.py made the rows, bench/plan_check.py compares):
+each configuration's KV-cache tokens and maximum concurrency as vLLM logged them, pinned here.
+The plan must be within 1 % and never more than 0.3 % above (a plan that says "fits" must
+start), and each lever must move the plan the way its flag moves vLLM."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantize.planner import plan as P
+from quantize.planner.gpus import find
+from quantize.planner.levers import boundary, margin
+from quantize.planner.rows import PlanRequest
+from quantize.spec.recipe import load_recipe
+
+L8 = "meta-llama/Llama-3.1-8B-Instruct"
+# (label, recipe, vLLM settings: gpu_memory_utilization, max_model_len, max_num_batched_tokens,
+# max_num_seqs, eager), vLLM's "GPU KV cache size" and "Maximum concurrency" lines
+H200_ROWS = [
+    ("bf16, 0.9, 8k", None, (0.9, 8192, 16384, 1024, False), 891_392, 108.81),
+    ("fp8-dynamic, 0.9, 8k", "fp8-dynamic", (0.9, 8192, 16384, 1024, False), 944_512, 115.30),
+    ("gptq-int4-asym (Machete), 0.9, 8k", "gptq-int4-asym", (0.9, 8192, 16384, 1024, False),
+     967_872, 118.15),
+    ("gptq-int4-asym --linear-backend marlin", "gptq-int4-asym",
+     (0.9, 8192, 16384, 1024, False), 969_248, 118.32),
+    ("gptq-int4-asym g128, 0.9, 8k", "bench/variants/gptq-int4-asym-g128.yaml",
+     (0.9, 8192, 16384, 1024, False), 969_728, 118.38),
+    ("gptq-int4-asym, a 24 GB card's share, 32k, eager", "gptq-int4-asym",
+     (0.1515, 32768, 2048, 256, True), 123_232, 3.76),
+    ("the same at max_model_len 121,984 (starts)", "gptq-int4-asym",
+     (0.1515, 121984, 2048, 256, True), 123_232, 1.01),
+]
+
+
+@pytest.mark.parametrize("row", H200_ROWS, ids=[r[0] for r in H200_ROWS])
+def test_plan_matches_vllm_026_on_h200(row: tuple) -> None:  # type: ignore[type-arg]
+    _, recipe, (util, mml, batched, seqs, eager), tokens, concurrency = row
+    mem = P.predict(L8, find("h200"), util=util, context=mml, batched=batched, seqs=seqs,
+                    recipe=load_recipe(recipe) if recipe else None, profile="0.26", eager=eager)
+    err = mem.kv_tokens / tokens - 1
+    assert -0.01 <= err <= 0.003, f"KV tokens {mem.kv_tokens:,} vs vLLM {tokens:,}"
+    cerr = mem.max_concurrency / concurrency - 1
+    assert -0.01 <= cerr <= 0.003 + 0.005 / concurrency  # vLLM logs two decimals
+
+
+def test_the_boundary_vllm_drew_is_where_the_plan_draws_it() -> None:
+    """vLLM started at max_model_len 121,984 and refused 124,464 ("To serve at least one
+    request with the model's max seq len (124464), (15.19 GiB KV cache is needed, which is
+    larger than the available KV cache memory (15.04 GiB)"): the plan says the same."""
+    fits = P.predict(L8, find("h200"), util=0.1515, context=121_984, batched=2048, seqs=256,
+                     recipe=load_recipe("gptq-int4-asym"))
+    refused = P.predict(L8, find("h200"), util=0.1515, context=124_464, batched=2048, seqs=256,
+                        recipe=load_recipe("gptq-int4-asym"))
+    assert fits.max_concurrency >= 1 > refused.max_concurrency
+    assert boundary(fits, 1).startswith("fits with")
+    assert boundary(refused, 1).startswith("short by")
+    assert margin(refused, 1).startswith("refused")
+
+
+def _plan(**kw: object) -> P.Plan:
+    base = dict(model=L8, gpu=find("rtx4090"), context=32768, concurrency=8,
+                recipes=["gptq-int4-asym"])
+    return P.make_plan(PlanRequest(**{**base, **kw}))  # type: ignore[arg-type]
+
+
+def test_levers_move_the_plan_as_their_flags_move_vllm() -> None:
+    plan = _plan()
+    row = next(r for r in plan.rows if r.recipe == "gptq-int4-asym")
+    assert row.status == "partial" and plan.lever_row is row and row.memory is not None
+    by_flag = {lv.flag.split()[0]: lv for lv in plan.levers}
+    assert set(by_flag) == {"--kv-cache-dtype", "--cpu-offload-gb", "--enforce-eager"}
+    fp8 = P.predict(L8, find("rtx4090"), context=32768, seqs=8, kv_fp8=True,
+                    recipe=load_recipe("gptq-int4-asym"))
+    assert by_flag["--kv-cache-dtype"].sequences == fp8.max_sequences > row.memory.max_sequences
+    # offloading N GiB of weights gives the KV cache N GiB
+    offload = _plan(cpu_offload_gib=2.0).rows[1].memory
+    assert offload is not None and offload.offloaded == 2 * (1 << 30)
+    assert offload.available - row.memory.available == 2 * (1 << 30)
+    served = offload.kv_tokens * offload.kv_bytes_per_token
+    assert served > row.memory.kv_tokens * row.memory.kv_bytes_per_token
+    # a smaller prefill budget lowers the activation peak (the 4090's default is 2048 already)
+    big = _plan(max_num_batched_tokens=16384)
+    assert any(lv.flag.startswith("--max-num-batched-tokens 2048") for lv in big.levers)
+
+
+def test_the_serve_line_carries_the_levers_the_plan_assumed() -> None:
+    plan = _plan(cpu_offload_gib=3.0, enforce_eager=True, max_num_seqs=12, concurrency=4)
+    serve = next(r for r in plan.rows if r.recipe == "gptq-int4-asym").serve or ""
+    assert "--cpu-offload-gb 3" in serve and "--enforce-eager" in serve
+    assert "--max-num-seqs 12" in serve
+    assert not any(lv.flag.startswith("--enforce-eager") for lv in plan.levers)
+    assert plan.to_dict()["boundary"].startswith("fits with")
