@@ -278,11 +278,34 @@ def _describe(ls: LayerScheme) -> str:
     return ls.scheme + (f" g{ls.group_size}" if ls.group_size else "")
 
 
+def experts_module(name: str) -> str | None:
+    """The experts module a per-expert projection belongs to (`...mlp.experts`), or None."""
+    head, sep, _ = name.partition(".experts.")
+    return head + ".experts" if sep else None
+
+
 def check_fused_schemes(schemes: list[LayerScheme]) -> None:
     """All shards of a layer vLLM fuses must share one scheme: vLLM refuses "some but not all
     shards of ... are quantized" (vllm/model_executor/layers/quantization/utils/quant_utils.py
     is_layer_skipped) and matches one scheme per fused layer
-    (quantization/compressed_tensors/utils.py find_matched_target)."""
+    (quantization/compressed_tensors/utils.py find_matched_target). All experts of a MoE
+    layer are one fused layer too: "All MoE projections need to have same quantization scheme
+    but found multiple" (compressed_tensors_moe/compressed_tensors_moe.py get_moe_method)."""
+    experts: dict[str, list[LayerScheme]] = {}
+    for ls in schemes:
+        if (mod := experts_module(ls.layer.name)) is not None:
+            experts.setdefault(mod, []).append(ls)
+    for mod, members in experts.items():
+        kinds = {(s.scheme, s.group_size) for s in members}
+        if len(kinds) > 1:
+            detail = ", ".join(sorted({f"{s.layer.name.removeprefix(mod + '.')} {_describe(s)}"
+                                       for s in members}))
+            raise PreflightError(
+                problem=f"{mod}: vLLM runs all experts of a layer as one fused layer and "
+                        "refuses mixed schemes ('All MoE projections need to have same "
+                        f"quantization scheme'), but they would get {detail}",
+                hint="give every expert projection of the layer the same scheme (an override "
+                     "or ignore entry for the whole `experts` module)")
     by_name = {ls.layer.name: ls for ls in schemes}
     for ls in schemes:
         parent, _, leaf = ls.layer.name.rpartition(".")

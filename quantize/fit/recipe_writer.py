@@ -7,20 +7,30 @@ of q/k/v name the same group) both accept it."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
 
+from quantize.checks.preflight import experts_module
 from quantize.fit.assign import Assignment, Problem
-from quantize.fit.units import HIGH_SCHEME
+from quantize.fit.units import HIGH_SCHEME, Unit
 from quantize.run.files import atomic_write_text
 from quantize.spec.recipe import Override, Recipe, load_recipe
 
 
+def _targets(unit: Unit) -> list[str]:
+    """A unit as recipe targets: its layers' exact names, or for a MoE layer's experts one
+    pattern for every expert projection (the engine unfuses them into `experts.<i>.<proj>`
+    Linears; vLLM takes one scheme for all of them)."""
+    mod = experts_module(unit.layers[0])
+    return [f"re:^{re.escape(mod)}\\.\\d+\\."] if mod else list(unit.layers)
+
+
 def fit_recipe(p: Problem, a: Assignment, name: str) -> Recipe:
-    high = [n for u in p.units.units if a.bits[u.name] == 8 and u.choice(8).scheme
-            for n in u.layers]
-    dense = [n for u in p.units.units if a.bits[u.name] == 16 for n in u.layers]
+    high = [t for u in p.units.units if a.bits[u.name] == 8 and u.choice(8).scheme
+            for t in _targets(u)]
+    dense = [t for u in p.units.units if a.bits[u.name] == 16 for t in _targets(u)]
     overrides = list(p.base.overrides)
     if high:
         overrides.append(Override(targets=high, scheme=HIGH_SCHEME))

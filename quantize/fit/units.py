@@ -14,6 +14,7 @@ from typing import Any
 
 from quantize.checks.preflight import (
     FUSED_GROUPS,
+    experts_module,
     override_group_size,
     resolve_group_size,
     targeted_layers,
@@ -74,6 +75,11 @@ def check_bits(base: Recipe, bits: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _fused_key(name: str) -> tuple[str, tuple[str, ...]] | None:
+    """The fused layer a Linear belongs to in vLLM: its q/k/v or gate/up group, or, for a MoE
+    expert projection, the whole experts module (vLLM refuses mixed schemes across a layer's
+    experts: pre-flight's check_fused_schemes)."""
+    if (mod := experts_module(name)) is not None:
+        return mod, ("experts",)
     parent, _, leaf = name.rpartition(".")
     for group in FUSED_GROUPS:
         if leaf in group:
@@ -90,7 +96,8 @@ def build_units(model: Any, base: Recipe, bits: tuple[int, ...], dtype_bytes: in
     grouped: dict[str, list[Any]] = {}
     for lay in layers:
         key = _fused_key(lay.name)
-        uname = (f"{key[0]}.{'+'.join(key[1])}" if key else lay.name)
+        uname = key[0] if key and key[1] == ("experts",) else (
+            f"{key[0]}.{'+'.join(key[1])}" if key else lay.name)
         grouped.setdefault(uname, []).append(lay)
     hi_group = override_group_size(Override(targets=["x"], scheme=HIGH_SCHEME), group)
     units = []
@@ -99,14 +106,15 @@ def build_units(model: Any, base: Recipe, bits: tuple[int, ...], dtype_bytes: in
         for b in sorted(bits):
             if b == 16:
                 scheme, g = None, None
-                size = sum(x.out_features * x.in_features * dtype_bytes for x in lays)
+                size = sum(x.out_features * x.in_features * dtype_bytes * x.copies
+                           for x in lays)
             else:
                 scheme, g = (base.scheme, group) if b == low else (HIGH_SCHEME, hi_group)
                 fmt = format_for(scheme, g, actorder)
                 size = sum(linear_bytes(x.out_features, x.in_features, fmt, dtype_bytes)
-                           for x in lays)
+                           * x.copies for x in lays)
             choices.append(Choice(b, scheme, g, size))
-        params = sum(x.out_features * x.in_features for x in lays)
+        params = sum(x.out_features * x.in_features * x.copies for x in lays)
         units.append(Unit(uname, tuple(x.name for x in lays), params, tuple(choices)))
     dense = estimate_weights(model, dtype_bytes, LayerPlan({}, None))
     in_units = sum(u.choice(16).bytes if 16 in bits else u.params * dtype_bytes for u in units)

@@ -100,19 +100,26 @@ def fused_expert_projections(model: Any, targets: list[str], ignore: list[str]
     them when `Linear` is targeted), one per experts module and projection, named as expert
     0's and standing for `experts` identical layers. Layouts:
     [E, out, in], or [E, in, out] where the module says `is_transposed` (gpt-oss); a
-    concatenated `gate_up_proj` holds gate and up halves along out."""
-    from compressed_tensors.utils import is_match
+    concatenated `gate_up_proj` holds gate and up halves along out. Beside the `Linear` class,
+    a target or ignore entry matches a projection by that name, as compressed-tensors matches
+    the per-expert Linears once they are unfused (`re:...experts.*down_proj$`)."""
+    from compressed_tensors.utils import is_match, match_name
 
-    if "Linear" not in targets:
+    named = [t for t in targets if t != "Linear"]
+    if "Linear" not in targets and not named:
         return []
     out: list[tuple[str, int, int, int]] = []
     for name, mod in model.named_modules():
         if not type(mod).__name__.endswith("Experts") or is_match(name, mod, ignore):
             continue
         for pname, p in mod.named_parameters(recurse=False):
-            if p.ndim == 3:
-                out += [(f"{name}.0.{proj}", in_f, out_f, e)
-                        for proj, in_f, out_f, e in expert_linears(mod, pname, tuple(p.shape))]
+            if p.ndim != 3:
+                continue
+            for proj, in_f, out_f, e in expert_linears(mod, pname, tuple(p.shape)):
+                full = f"{name}.0.{proj}"
+                chosen = "Linear" in targets or any(match_name(full, t) for t in named)
+                if chosen and not any(match_name(full, i) for i in ignore):
+                    out.append((full, in_f, out_f, e))
     return out
 
 

@@ -100,8 +100,11 @@ class LayerPlan:
     """Which Linear layers get which format; experts_fmt for fused MoE expert tensors."""
 
     formats: dict[str, WeightFormat]
-    experts_fmt: WeightFormat | None
+    experts_fmt: WeightFormat | None  # every fused expert projection's, when not by name
     kv_scales: bool = False
+    # fused expert projections are in `formats` under expert 0's name (`...experts.0.down_proj`,
+    # as pre-flight names them): absent means left 16-bit
+    experts_by_name: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,11 +140,19 @@ def estimate_weights(model: Any, dtype_bytes: int, plan: LayerPlan) -> WeightEst
                 groups = math.ceil(param.shape[1] / fmt.group) if fmt.group else 1
                 zero_points += param.shape[0] * groups
                 zp_bits = fmt.bits
-        elif param.ndim == 3 and plan.experts_fmt is not None and _is_experts(modules[owner]):
-            fmt = plan.experts_fmt  # exported as one Linear per expert projection
-            size = sum(e * linear_bytes(out_f, in_f, fmt, dtype_bytes) for _, in_f, out_f, e
-                       in expert_linears(modules[owner], pname, tuple(param.shape)))
-            quantized += size
+        elif param.ndim == 3 and _is_experts(modules[owner]) and (
+                plan.experts_fmt is not None or plan.experts_by_name):
+            size = 0  # exported as one Linear per expert projection
+            for proj, in_f, out_f, e in expert_linears(modules[owner], pname,
+                                                       tuple(param.shape)):
+                pfmt = plan.formats.get(f"{owner}.0.{proj}") if plan.experts_by_name \
+                    else plan.experts_fmt
+                if pfmt is None:
+                    size += e * in_f * out_f * _stored_bytes(model, name, dtype_bytes)
+                else:
+                    part = e * linear_bytes(out_f, in_f, pfmt, dtype_bytes)
+                    quantized += part
+                    size += part
         else:
             size = param.numel() * _stored_bytes(model, name, dtype_bytes)
         if param.ndim == 1 or _REPLICATED.search(name):
@@ -219,7 +230,6 @@ def _sized(fmt: WeightFormat, dtype_bytes: int) -> WeightFormat:
 def recipe_layers(model: Any, recipe: Recipe, group: int | None,
                   dtype_bytes: int = 2) -> LayerPlan:
     """The recipe's per-layer formats, matched exactly as compressed-tensors matches them."""
-    from compressed_tensors.utils import is_match
 
     from quantize.checks.preflight import override_group_size, targeted_layers
 
@@ -231,13 +241,9 @@ def recipe_layers(model: Any, recipe: Recipe, group: int | None,
         ov_group = override_group_size(ov, group)  # the rule pre-flight and the engine use
         for lay in sub:
             formats[lay.name] = _sized(format_for(ov.scheme, ov_group, actorder), dtype_bytes)
-    experts_fmt = None
-    if "Linear" in recipe.targets:
-        for name, module in model.named_modules():
-            if _is_experts(module) and not is_match(name, module, recipe.ignore):
-                experts_fmt = main
-                break
-    return LayerPlan(formats, experts_fmt, kv_scales=recipe.kv_cache == "fp8")
+    # fused expert projections are among targeted_layers' names (expert 0's), overrides and
+    # ignore entries matching them as the engine matches the unfused Linears
+    return LayerPlan(formats, None, kv_scales=recipe.kv_cache == "fp8", experts_by_name=True)
 
 
 def published_quant(config: ModelConfig) -> QuantConfig | None:

@@ -260,3 +260,30 @@ def test_autoround_without_its_package_is_refused_before_calibration(
     assert exc.value.exit_code == 2 and "\n" not in str(exc.value)
     gptq = Recipe(name="g", description="d", method="gptq", scheme="W4A16", group_size=64)
     preflight.check_engine(gptq, {})  # other methods do not need it
+
+
+def _qwen3_moe() -> ModelConfig:
+    return ModelConfig.model_validate({
+        "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+        "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64,
+        "num_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "vocab_size": 1024, "tie_word_embeddings": False})
+
+
+def test_a_moe_layers_experts_need_one_scheme() -> None:
+    """vLLM runs a layer's experts as one fused layer: "All MoE projections need to have
+    same quantization scheme but found multiple" (compressed_tensors_moe.py)."""
+    moe = _qwen3_moe()
+    r = recipe(ignore=["lm_head", "re:.*mlp.gate$"],
+               overrides=[Override(targets=["re:.*experts.*down_proj$"], scheme="W8A16",
+                                   group_size=64)])
+    err = refusal(r, moe)
+    assert err.problem is not None and err.problem.startswith("model.layers.0.mlp.experts:")
+    assert "All MoE projections need to have same quantization scheme" in err.problem
+    assert "0.down_proj W8A16 g64" in err.problem and "0.gate_proj W4A16 g64" in err.problem
+    assert err.hint is not None and "the whole `experts` module" in err.hint
+    whole = recipe(ignore=["lm_head", "re:.*mlp.gate$"],
+                   overrides=[Override(targets=[r"re:.*mlp\.experts\.\d+\."],
+                                       scheme="W8A16", group_size=64)])
+    assert preflight.check(whole, moe)["layers"] > 0  # all of them together pass

@@ -147,3 +147,45 @@ def test_budget_leaves_room_for_the_kv_cache() -> None:
     assert b.per_gpu is not None and 0 < b.total == b.per_gpu
     assert check_fit(shape, s, b.total, 0)[0]  # at the budget: C sequences fit
     assert not check_fit(shape, s, b.total + 64 * (1 << 20), 0)[0]  # 64 MiB more: not
+
+
+def test_moe_experts_are_one_unit_per_layer_and_the_fit_recipe_keeps_them_together(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """fit never gives a MoE layer's experts two schemes (vLLM refuses that at load): all of a
+    layer's expert projections, for all experts, are one knapsack item, written as one
+    pattern; pre-flight then sees one scheme per layer's experts."""
+    from quantize.checks.preflight import check_fused_schemes, experts_module, layer_schemes
+    from quantize.fit.assign import Problem, make_assignment
+    from quantize.fit.budget import Budget
+    from quantize.fit.recipe_writer import fit_recipe, write_recipe
+    from quantize.fit.units import build_units
+    from quantize.model.config import model_shape
+    from quantize.planner.sources import load_source
+    from quantize.planner.weights import estimate_weights, meta, recipe_layers
+    from quantize.spec.recipe import load_recipe
+
+    source = load_source("Qwen/Qwen3-30B-A3B")
+    model = meta(source.config)
+    base = load_recipe("gptq-int4")
+    units = build_units(model, base, (4, 8, 16), 2)
+    experts = [u for u in units.units if u.name.endswith(".mlp.experts")]
+    assert len(experts) == 48
+    assert {ln.rpartition(".")[2] for ln in experts[0].layers} == {
+        "gate_proj", "up_proj", "down_proj"}
+    assert experts[0].params == 128 * 3 * 2048 * 768  # every expert counted
+    p = Problem(source, model_shape(source.config, model.config), model, base, units,
+                Budget(10**13))
+    bits = {u.name: (4, 8, 16)[i % 3] for i, u in enumerate(units.units)}
+    costs = {u.name: {c.bits: 0.0 for c in u.choices} for u in units.units}
+    a = make_assignment(p, bits, costs, True)
+    recipe = load_recipe(str(write_recipe(fit_recipe(p, a, "fit-moe"), tmp_path)))
+    schemes = layer_schemes(model, recipe, units.group)
+    check_fused_schemes(schemes)  # raises on a split
+    per_layer: dict[str, set[object]] = {}
+    for ls in schemes:
+        if (mod := experts_module(ls.layer.name)) is not None:
+            per_layer.setdefault(mod, set()).add(ls.scheme)
+    assert {len(s) for s in per_layer.values()} == {1}
+    assert {next(iter(s)) for s in per_layer.values()} == {"W4A16", "W8A16", None}
+    planned = estimate_weights(model, 2, recipe_layers(model, recipe, units.group)).total
+    assert planned == a.size

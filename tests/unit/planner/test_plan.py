@@ -185,13 +185,14 @@ def test_fused_experts_count_one_scale_per_output_row(arch: str) -> None:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     plan = P.recipe_layers(model, load_recipe("fp8-dynamic"), None)
-    assert plan.experts_fmt is not None
-    dense_experts = P.LayerPlan(plan.formats, None)
+    fmt = next(f for name, f in plan.formats.items() if ".experts.0." in name)
+    dense_experts = P.LayerPlan({n: f for n, f in plan.formats.items() if ".experts." not in n},
+                                None, experts_by_name=True)
     hidden = cfg.hidden_size
     inter = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
     experts = getattr(cfg, "num_experts", None) or cfg.num_local_experts
-    per_layer = experts * (2 * linear_bytes(inter, hidden, plan.experts_fmt, 2)
-                           + linear_bytes(hidden, inter, plan.experts_fmt, 2)
+    per_layer = experts * (2 * linear_bytes(inter, hidden, fmt, 2)
+                           + linear_bytes(hidden, inter, fmt, 2)
                            - 3 * inter * hidden * 2)
     got = P.estimate_weights(model, 2, plan).total - P.estimate_weights(model, 2,
                                                                        dense_experts).total
