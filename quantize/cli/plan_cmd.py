@@ -84,6 +84,7 @@ def render(plan: object) -> list[str]:
     from quantize.planner.memory import GIB, PROFILES
     from quantize.planner.plan import Plan
     from quantize.planner.rows import TP_CANDIDATES
+    from quantize.planner.speed import describe
 
     assert isinstance(plan, Plan)
     req, gpu = plan.request, plan.request.gpu
@@ -140,6 +141,8 @@ def render(plan: object) -> list[str]:
                    f"tokens = {m.request_bytes / GIB:.2f} GiB per sequence per GPU, x "
                    f"{req.concurrency} sequences = {req.concurrency * m.request_bytes / GIB:.1f} "
                    "GiB")
+        for line in describe(plan.speed):
+            out.append(f"  measured: {line}")
         out.append("")
         out.append(rec.serve or "")
     for hint in plan.hints:

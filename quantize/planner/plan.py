@@ -41,6 +41,7 @@ from quantize.planner.memory import (
 from quantize.planner.recommend import Row, gpu_support, recommend, recommendable
 from quantize.planner.rows import BASELINE, TP_CANDIDATES, PlanRequest, RowBuilder
 from quantize.planner.sources import CONFIGS, ModelSource, find_runs, load_source
+from quantize.planner.speed import SpeedRow, describe
 from quantize.planner.weights import (
     LayerPlan,
     WeightFormat,
@@ -73,6 +74,7 @@ class Plan:
     hints: list[str] = field(default_factory=list)
     levers: list[Lever] = field(default_factory=list)  # for `lever_row` (planner.levers)
     lever_row: Row | None = None
+    speed: list[SpeedRow] = field(default_factory=list)  # the recommendation's, measured
 
     def to_dict(self) -> dict[str, Any]:
         """The `--json` document."""
@@ -94,6 +96,7 @@ class Plan:
             if self.recommendation else None,
             "levers": {"row": self.lever_row.recipe if self.lever_row else None,
                        "options": [asdict(lv) for lv in self.levers]},
+            "measured_speed": [r.model_dump() for r in self.speed],
             "hints": self.hints,
             "notes": self.notes,
         }
@@ -148,10 +151,14 @@ def make_plan(req: PlanRequest) -> Plan:
     kv_model = kv_description(shape, req.gpus, "the recipe's (model dtype unless fp8)")
     lever_row = rec if rec is not None and kind == "fits" else _closest(rows)
     inputs = builder.lever_inputs(lever_row) if lever_row is not None else None
+    speed = builder.speed(rec) if rec is not None else []
+    found = levers(lever_row, inputs, req.concurrency) if lever_row and inputs else []
+    if lever_row is rec and rec is not None:
+        found += [Lever(f"--linear-backend {r.linear_backend}", describe([r])[0], None)
+                  for r in speed if r.linear_backend]
     return Plan(req, source, shape, rows, rec, kind, batched, list(dict.fromkeys(notes)),
-                kv_model, builder.hints(rows, rec, kind),
-                levers(lever_row, inputs, req.concurrency) if lever_row and inputs else [],
-                lever_row if inputs else None)
+                kv_model, builder.hints(rows, rec, kind), found,
+                lever_row if inputs else None, [r for r in speed if not r.linear_backend])
 
 
 def _closest(rows: list[Row]) -> Row | None:

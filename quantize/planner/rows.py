@@ -29,6 +29,7 @@ from quantize.planner.recommend import (
     tp_problem,
 )
 from quantize.planner.sources import ModelSource, RunInfo
+from quantize.planner.speed import SpeedRow, measured
 from quantize.planner.weights import (
     LayerPlan,
     WeightEstimate,
@@ -210,6 +211,18 @@ class RowBuilder:
             return mem, "partial", (f"only {mem.max_sequences} of {req.concurrency} sequences "
                                     f"at {req.context:,} tokens")
         return mem, "fits", ""
+
+    def speed(self, row: Row) -> list[SpeedRow]:
+        """The measured serving speed of the row's format on this GPU (planner.speed)."""
+        recipe = self.loaded.get(row.recipe)
+        if recipe is None:
+            return []
+        try:
+            group = self._group(recipe)
+        except PreflightError:
+            return []
+        major, minor = self.req.gpu.capability
+        return measured(recipe, major * 10 + minor, group)
 
     def lever_inputs(self, row: Row) -> LeverInputs | None:
         """What planner.levers re-plans the row with (None: its weights are unknown)."""

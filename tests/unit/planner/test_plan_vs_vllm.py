@@ -6,6 +6,8 @@ start), and each lever must move the plan the way its flag moves vLLM."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from quantize.planner import plan as P
@@ -91,3 +93,24 @@ def test_the_serve_line_carries_the_levers_the_plan_assumed() -> None:
     assert "--max-num-seqs 12" in serve
     assert not any(lv.flag.startswith("--enforce-eager") for lv in plan.levers)
     assert plan.to_dict()["boundary"].startswith("fits with")
+
+
+def test_measured_speeds_reach_the_plan_on_the_gpu_they_were_measured_on() -> None:
+    """W4A16 on Hopper: vLLM's own kernel (Machete) and --linear-backend marlin, both measured
+    (quantize/data/vllm_speed.yaml); a GPU without rows says nothing."""
+    from quantize.planner.speed import describe, measured
+
+    asym = load_recipe("gptq-int4-asym")
+    rows = measured(asym, 90, 64)
+    assert [r.kernel for r in rows] == ["MacheteLinearKernel", "MarlinLinearKernel"]
+    assert rows[1].one_request > rows[0].one_request > 1.0  # batch 1: Marlin is faster
+    assert rows[0].sixty_four_requests > rows[1].sixty_four_requests  # at 64: Machete
+    assert measured(asym, 89, 64) == [] and measured(None, 90, 64) == []
+    assert "1.49x bf16 output tokens/s at one request" in describe(rows)[1]
+    # Llama-3.1-70B on one H200: bf16 does not fit, the 4-bit default does
+    plan = _plan(model="meta-llama/Llama-3.1-70B-Instruct", gpu=find("h200"), context=8192,
+                 concurrency=1, recipes=["gptq-int4-asym"], runs_dir=Path("/nonexistent"))
+    assert plan.recommendation is not None and plan.recommendation.recipe == "gptq-int4-asym"
+    assert "--linear-backend marlin" in [lv.flag for lv in plan.levers]
+    assert [r.kernel for r in plan.speed] == ["MacheteLinearKernel"]
+    assert plan.to_dict()["measured_speed"][0]["one_request"] == 1.25
