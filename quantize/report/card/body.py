@@ -67,6 +67,7 @@ class BodyView:
     memory: MemoryView
     kv_fp8: bool  # the checkpoint stores an FP8 KV cache (vLLM needs --kv-cache-dtype fp8)
     chat: bool
+    speed: list[str]  # the format's measured serving speed (planner.speed), where measured
     hf_needs: str
     # reproduce
     recipe_text: str
@@ -146,6 +147,15 @@ def scored_by(ev: Json) -> str:
     return text + (f" (kernels: {kernel_names(kernels)})" if kernels else "")
 
 
+def _speed(inputs: CardInputs) -> list[str]:
+    """The measured rows of this export's format on the GPUs they were measured on."""
+    from quantize.planner.speed import describe, measured, table
+
+    ccs = sorted({r.gpu_cc for r in table().rows})
+    return [line for cc in ccs
+            for line in describe(measured(inputs.recipe, cc, inputs.group_size))]
+
+
 def body_view(inputs: CardInputs) -> BodyView:
     r, b = inputs.recipe, inputs.base
     kv_bits = inputs.kv_cache_bits
@@ -174,6 +184,7 @@ def body_view(inputs: CardInputs) -> BodyView:
         forced=inputs.forced, notes=[f"{m.name}: {m.note}" for m in metrics if m.note],
         base_note=b.note, verify=VerifyView.read(inputs.verify), memory=memory(inputs),
         kv_fp8=bool(kv_bits), chat=inputs.has_chat_template,
+        speed=_speed(inputs),
         hf_needs="gptqmodel optimum" if inputs.native else "compressed-tensors",
         recipe_text=inputs.recipe_text.rstrip(), llmc_recipe=r.backend == "llmcompressor",
         model_arg=_model_arg(inputs), versions=sorted(inputs.versions.items()),

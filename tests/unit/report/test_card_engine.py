@@ -32,3 +32,15 @@ def test_verify_facts_list_the_kernels_vllm_ran() -> None:
                             "vllm": {"vllm_version": "0.26.0", "layers": layers}})
     assert view is not None
     assert ("vLLM 0.26.0 kernels", "MarlinLinearKernel x90, MacheteLinearKernel x30") in view.rows
+
+
+def test_the_card_cites_the_measured_serving_speed_of_its_format() -> None:
+    from types import SimpleNamespace
+
+    from quantize.report.card.body import _speed
+    from quantize.spec.recipe import load_recipe
+
+    lines = _speed(SimpleNamespace(recipe=load_recipe("gptq-int4-asym"), group_size=64))  # type: ignore[arg-type]
+    assert len(lines) == 2 and lines[0].startswith("MacheteLinearKernel (vLLM's own choice)")
+    assert "NVIDIA H200" in lines[0]
+    assert _speed(SimpleNamespace(recipe=load_recipe("gptq-int4"), group_size=64)) == []  # type: ignore[arg-type]
