@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Iterator
 
@@ -31,10 +30,6 @@ def step(msg: str) -> Iterator[None]:
         console.print(f"[red]✗[/red] {msg} (after {time.perf_counter() - t0:.1f}s)")
         raise
     console.print(f"[green]✓[/green] {msg} ({time.perf_counter() - t0:.1f}s)")
-
-
-def is_tty() -> bool:
-    return sys.stderr.isatty()
 
 
 def human_bytes(n: float, top: str = "TiB") -> str:

@@ -120,7 +120,7 @@ def fast_hessian(enabled: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def sdpa_in_traced_layers(model: Any, enabled: bool) -> Iterator[None]:
-    """The pipeline's GPU default since 2026-12-02 (bench/RESULTS.md): llm-compressor's
+    """The pipeline's GPU default (measured in bench/RESULTS.md): llm-compressor's
     sequential pipeline runs attention through the modeling module's
     `eager_attention_forward` although the loaded model says `sdpa` (an H200 profile of one
     Llama-3.1-8B layer at 8 x 2048 tokens: softmax, fp32 casts, mask add and bmm took about

@@ -96,7 +96,7 @@ def _log_dir(logs: Path) -> None:
 
 
 # What GPTQModel 7.6.0 fails on, found by bench/moe_matrix.py on the tiny random MoE
-# fixtures (tests/fixtures/moe.py, 2026-12-04), after its calibration had run: (method,
+# fixtures (tests/fixtures/moe.py), after its calibration had run: (method,
 # model_type) -> what it said. Refused before any calibration instead.
 FAILS: dict[tuple[str, str], str] = {
     ("awq", "deepseek_v3"): "its AWQ scale search multiplies the MLA projections with "

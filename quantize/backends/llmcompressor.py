@@ -245,9 +245,9 @@ def save(model: Any, tokenizer: Any, out: Path, dtype: Any, src_dtype: Any,
         # distributed compression walks in lockstep on every rank stays as it was
         model.to(src_dtype)
         if any(p.is_floating_point() and p.dtype != src_dtype for p in model.parameters()):
-            # with torch 2.11 (the lent H200's image) `model.to` after oneshot left every
-            # parameter fp32, and the CPU-calibrated export came out fp32, 2x the planned size
-            # (bench/moe_matrix.py, 2026-12-04); replacing each parameter does cast
+            # with torch 2.11 `model.to` after oneshot can leave every parameter fp32, and the
+            # export then comes out fp32, 2x the planned size (bench/moe_matrix.py found it);
+            # replacing each parameter does cast
             cast_parameters(model, src_dtype)
     import transformers.modeling_utils as hf_saving
 

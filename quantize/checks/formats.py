@@ -46,7 +46,7 @@ def check_shapes(schemes: list[Any], tp: int, fused: tuple[tuple[str, ...], ...]
     outputs per rank divisible by the block when tp > 1, and every shard of a fused layer
     but the last divisible by the block's rows even at tp 1; and every input a whole number
     of the dynamic activation groups (128), which compressed-tensors cannot split otherwise
-    (seen on the H200, 2026-12-02: the default model's o_proj, 576 wide, failed at eval)."""
+    (the default model's o_proj, 576 wide, failed at eval: bench/RESULTS.md)."""
     for ls in schemes:
         info = SCHEMES.get(ls.scheme) if ls.scheme else None
         if info is None or not (info.fixed_group or info.block):

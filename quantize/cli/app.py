@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -115,6 +114,3 @@ def main() -> None:
         # several times a second (tqdm reads TQDM_* when it is first imported, which is later)
         os.environ.setdefault("TQDM_MININTERVAL", "30")
 
-
-def echo_path(path: Path) -> None:
-    click.echo(str(path))

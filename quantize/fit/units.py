@@ -24,7 +24,6 @@ from quantize.spec.recipe import Override, Recipe
 from quantize.spec.schemes import SCHEMES, SchemeName
 
 HIGH_SCHEME: SchemeName = "W8A16"  # the 8-bit choice: weight-only INT8, same group size
-DEFAULT_BITS = (4, 8, 16)
 
 
 @dataclass(frozen=True)

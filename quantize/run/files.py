@@ -102,10 +102,6 @@ def link_or_copy(src: Path, dst: Path) -> None:
         _remember(dst, known)
 
 
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 

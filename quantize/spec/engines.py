@@ -23,7 +23,6 @@ class Engine:
     label: str  # how cards and docs name it
     extra: str  # the pip extra that installs it
     methods: dict[str, tuple[str, ...]]  # method -> schemes it makes
-    native_format: str | None = None  # "gptq"/"awq" quant_method of its checkpoints
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (

@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,7 +197,3 @@ def detect(vllm_python: str | Path | None = None, *, workdir: Path | None = None
     atomic_write_json(cache, host.to_dict())
     return host
 
-
-def host_summary(host: Host) -> str:
-    """One line for logs: what the probe saw."""
-    return f"{host.describe()}; python {host.vllm_python or '-'}; {sys.platform}"

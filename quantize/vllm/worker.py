@@ -1,7 +1,7 @@
 """Runs INSIDE the separate vLLM environment: imports only the standard library and vllm
 (and torch, which vllm brings and which answers the ISA and kernel-registry questions).
 
-    python vllm_worker.py --request REQUEST.json|- --result RESULT.json
+    python worker.py --request REQUEST.json|- --result RESULT.json
 
 The request is JSON (a file, or `-` for stdin); the result is JSON written atomically to
 --result. Ops:

