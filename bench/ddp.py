@@ -163,7 +163,7 @@ def quality(model: Path, exports: dict[str, Path], device: str, n: int = 4,
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, CompressedTensorsConfig
 
-    from quantize.stages.calibrate import BUILTIN_TEXT
+    from quantize.spec.texts import BUILTIN_TEXT
 
     tok = AutoTokenizer.from_pretrained(model)
     ids = tok(BUILTIN_TEXT["wiki-eval"].read_text(encoding="utf-8"))["input_ids"][:n * seq]

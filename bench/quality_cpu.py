@@ -32,7 +32,7 @@ SETTINGS: dict[str, tuple[str, int]] = {  # name: (calibration spec, batch size)
 def eval_windows(tokenizer: Any, seq: int, count: int) -> Any:
     import torch
 
-    from quantize.stages.calibrate import BUILTIN_TEXT
+    from quantize.spec.texts import BUILTIN_TEXT
 
     lines = [x.strip() for x in BUILTIN_TEXT["wiki-eval"].read_text().splitlines() if x.strip()]
     ids = tokenizer("\n\n".join(lines), add_special_tokens=False)["input_ids"]

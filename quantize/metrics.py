@@ -13,9 +13,7 @@ from typing import Any, TypedDict
 
 from quantize.errors import EvalError, first_line
 from quantize.model.nll import window_nll
-from quantize.spec.recipe import MetricSpec
-from quantize.stages.calibrate import BUILTIN_TEXT, DATA_DIR, hub_texts
-from quantize.stages.results import (
+from quantize.run.results import (
     CoverageDetails,
     CoverageLayer,
     CoverageSummary,
@@ -23,9 +21,11 @@ from quantize.stages.results import (
     Score,
     Settings,
 )
+from quantize.spec.paths import DATA_DIR
+from quantize.spec.recipe import MetricSpec
+from quantize.spec.texts import BUILTIN_EVAL_TEXT, hub_texts
 
 # one table of shipped texts; `novel`: a whole novel, for long-context windows (data/README.md)
-BUILTIN_EVAL_TEXT = {"wiki-eval": BUILTIN_TEXT["wiki-eval"], "novel": DATA_DIR / "novel.txt"}
 BIGBENCH_DIR = DATA_DIR / "bigbench"
 
 
@@ -328,21 +328,3 @@ def expert_coverage(export: Path) -> MetricRow | None:
                      settings={}, details=details)
 
 
-def expert_coverage_lines(row: MetricRow) -> list[str]:
-    """The eval report's and the card's words for the row."""
-    d = MetricRow.model_validate(row).details  # a row read from an older eval.json, too
-    if d is None:
-        return []
-    cov = d.coverage
-    lines = [f"Expert coverage: {d.experts_checked} experts' scales checked, "
-             f"{len(d.nonfinite_scales)} with NaN/Inf, {len(d.all_zero_scales)} "
-             "all zero."]
-    if cov:
-        how = "every expert calibrated on every token" if cov.all_experts_calibrated \
-            else "experts calibrated on their routed tokens only" if cov.calibrated \
-            else "data-free recipe"
-        lines.append(f"Routed tokens per expert over {cov.layers} MoE layers: min "
-                     f"{cov.min}, median {cov.median:g}, max {cov.max}; "
-                     f"{cov.unrouted} expert(s) got none ({how}).")
-    lines += [f"- {p}" for p in d.problems]
-    return lines

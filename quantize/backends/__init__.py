@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from quantize.errors import BackendUnavailable, RecipeError
+from quantize.model.config import ModelConfig
 from quantize.spec.recipe import Recipe
 
 
@@ -57,6 +58,11 @@ class Backend(Protocol):
         """Quantize and save a loadable checkpoint into `out`; return a summary."""
         ...
 
+    def check_model(self, config: ModelConfig, recipe: Recipe) -> None:
+        """Refuse, before any calibration, a model or recipe this engine is known to fail on
+        (quantize.errors.PreflightError with the fix)."""
+        ...
+
 
 def get_backend(name: str) -> Backend:
     """The engine's module, imported now (engines are listed in quantize.spec.engines)."""
@@ -72,3 +78,22 @@ def get_backend(name: str) -> Backend:
                                  f"it with `pip install -e .[{engine.extra or name}]`") from None
     backend: Backend = module.BACKEND
     return backend
+
+
+def check_model(recipe: Recipe, config: ModelConfig) -> None:
+    """An optional engine (backend: gptqmodel/autoawq) must be installed and take this model
+    before any calibration work; its module is found without importing the engine itself.
+    So must a method's own package (AutoRound's `auto-round`, which llm-compressor imports
+    only when the method is used)."""
+    import importlib.util
+
+    from quantize.spec.methods import METHODS
+
+    method = METHODS[recipe.method]
+    if method.requires and importlib.util.find_spec(method.requires[0]) is None:
+        raise BackendUnavailable(
+            f"method {recipe.method} needs the package {method.requires[1]!r}, which is not "
+            f"installed; install it with `pip install {method.requires[1]}` (make install does)")
+    if recipe.backend == "llmcompressor":
+        return
+    get_backend(recipe.backend).check_model(config, recipe)  # BackendUnavailable names the extra

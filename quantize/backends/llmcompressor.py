@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from quantize.backends import QuantizeJob
 from quantize.checks.preflight import override_group_size  # the one rule pre-flight checks too
 from quantize.errors import QuantizationError, first_line
-from quantize.model.config import read_config, torch_dtype
+from quantize.model.config import ModelConfig, read_config, torch_dtype
 from quantize.spec.recipe import AutoRoundOptions, AWQOptions, GPTQOptions, Recipe
 from quantize.spec.schemes import SCHEMES
 
@@ -125,6 +125,9 @@ def _quiet_engine() -> None:
 
 class LLMCompressorBackend:
     name = "llmcompressor"
+
+    def check_model(self, config: ModelConfig, recipe: Recipe) -> None:
+        """Nothing beyond pre-flight: its checks are this engine's limits."""
 
     def quantize(self, job: QuantizeJob, out: Path) -> dict[str, Any]:
         if job.world_size > 1:  # data-parallel: the same steps on N processes (torchrun)

@@ -129,7 +129,6 @@ def check(recipe: Recipe, config: ModelConfig, tp: int = 1, *,
     export is meant for (`--gpu`): a format it runs only through a fallback is a warning, one
     it cannot run at all an error (quantize.checks.formats)."""
     check_architecture(config)
-    check_engine(recipe, config)
     if model is None:
         model = build_meta(recipe, config)
     layers = targeted_layers(model, recipe.targets, recipe.ignore)
@@ -198,31 +197,6 @@ def moe_kernel_warning(recipe: Recipe, config: ModelConfig, model: Any,
     return (f"this host's vLLM (CPU) has no kernel for the MoE experts of {recipe.scheme}: "
             f"{why}; `quantize verify` will check the export through the exact decode "
             "instead; serve it on a GPU")
-
-
-def check_engine(recipe: Recipe, config: ModelConfig) -> None:
-    """An optional engine (backend: gptqmodel/autoawq) must be installed and take this model
-    before any calibration work; its module is found without importing the engine itself.
-    So must a method's own package (AutoRound's `auto-round`, which llm-compressor imports
-    only when the method is used)."""
-    import importlib.util
-
-    from quantize.errors import BackendUnavailable
-    from quantize.spec.methods import METHODS
-
-    method = METHODS[recipe.method]
-    if method.requires and importlib.util.find_spec(method.requires[0]) is None:
-        raise BackendUnavailable(
-            f"method {recipe.method} needs the package {method.requires[1]!r}, which is not "
-            f"installed; install it with `pip install {method.requires[1]}` (make install does)")
-    if recipe.backend == "llmcompressor":
-        return
-    from quantize.backends import get_backend
-
-    backend = get_backend(recipe.backend)  # BackendUnavailable names the extra to install
-    check_model = getattr(backend, "check_model", None)
-    if check_model is not None:
-        check_model(config, recipe)
 
 
 # --- vLLM-side checks ---------------------------------------------------------------------

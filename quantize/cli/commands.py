@@ -146,9 +146,9 @@ def eval_cmd(run_dir: Path, suite: str | None, rerun: bool, engine: str | None, 
     """Perplexity and accuracy of RUN_DIR's export vs its baseline, with recovery per metric
     (runs the stages before it first if they are not finished). RUN_DIR may also be an
     export folder on its own: it is then evaluated and gated, reports in --out."""
-    from quantize.stages.eval.engine import EngineRequest
+    from quantize.stages.eval.engine import EvalEngineRequest
 
-    req = EngineRequest("hf" if engine == "transformers" else engine, eval_tp, kv_cache_dtype,
+    req = EvalEngineRequest("hf" if engine == "transformers" else engine, eval_tp, kv_cache_dtype,
                         vllm_python)
     req.check()
     from quantize.pipeline.checkpoint import is_checkpoint
@@ -221,8 +221,10 @@ def validate_cmd(recipe: str, model: str | None, no_model: bool, tp: int,
         return
     ref = resolve_model(model)
     check_architecture(ref.config, trust_remote_code=r.trust_remote_code)
+    from quantize import backends
     from quantize.pipeline import target_gpu
 
+    backends.check_model(r, ref.config)
     facts = preflight.check(r, ref.config, tp=tp, gpu=target_gpu(gpu))
     click.echo(f"{r.name} on {ref.name}: pre-flight ok ({facts['layers']} layers to quantize"
                + (f", group size {facts['group_size']}" if facts["group_size"] else "")

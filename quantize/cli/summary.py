@@ -8,8 +8,8 @@ import click
 from rich.table import Table
 
 from quantize.progress import console, human_bytes
+from quantize.run.results import GateResult
 from quantize.stages import STAGES
-from quantize.stages.results import GateResult
 
 if TYPE_CHECKING:
     from quantize.pipeline import Pipeline

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantize import backends
 from quantize.checks import preflight
 from quantize.checks.formats import GpuTarget
 from quantize.errors import QuantizeError
@@ -91,7 +92,7 @@ class RunOptions:
     gpus: int = 1
     no_disk_check: bool = False  # skip the disk pre-check (quantize.pipeline.disk)
     gpu: str | None = None  # the GPU the export is for (--gpu): pre-flight's format warnings
-    # `quantize eval --engine/--tp/--kv-cache-dtype` (quantize.stages.eval.engine.EngineRequest);
+    # `quantize eval --engine/--tp/--kv-cache-dtype` (stages.eval.engine.EvalEngineRequest);
     # None: the recipe's or suite's eval.engine, else auto
     eval_engine: Any = None
 
@@ -139,6 +140,8 @@ class Pipeline:
     def run(self) -> None:
         with run_lock(self.run_dir, private=from_hub(self.model)):
             self.manifest = read_manifest(self.run_dir)
+            # the engine installed and willing first (no model built for that)
+            backends.check_model(self.recipe, self.model.config)
             # one meta-device model for pre-flight and the memory estimate (no weights read)
             self.meta = preflight.build_meta(self.recipe, self.model.config)
             self.facts = preflight.check(self.recipe, self.model.config, tp=self.opts.tp,

@@ -15,11 +15,11 @@ from quantize.model.config import config_path
 from quantize.model.source import model_fingerprint, resolve_model
 from quantize.run.files import atomic_dir
 from quantize.run.manifest import MANIFEST, read_export_manifest, versions
+from quantize.run.results import EvalSummary, GateSummary
 from quantize.spec.recipe import Recipe, load_recipe, suite_for
 from quantize.stages import eval as eval_stage
 from quantize.stages import gate as gate_stage
-from quantize.stages.eval.engine import EngineRequest, choose, requested_engine
-from quantize.stages.results import EvalSummary, GateSummary
+from quantize.stages.eval.engine import EvalEngineRequest, choose, requested_engine
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def _recipe(folder: Path, name: str) -> Recipe:
 
 
 def evaluate(folder: Path, suite_name: str | None, out: Path, device: str,
-             engine: EngineRequest | None = None) -> CheckpointEval:
+             engine: EvalEngineRequest | None = None) -> CheckpointEval:
     if not is_checkpoint(folder) or not (folder / MANIFEST).is_file():
         raise EvalError(f"{folder} is neither a run folder nor an export of one (no "
                         "config.json + manifest.json); give runs/<model>-<recipe> or its export/")
@@ -59,7 +59,7 @@ def evaluate(folder: Path, suite_name: str | None, out: Path, device: str,
                         "came from")
     recipe = _recipe(folder, manifest.recipe.name)
     suite = suite_for(recipe, suite_name)
-    req = engine or EngineRequest()
+    req = engine or EvalEngineRequest()
     req = replace(req, engine=requested_engine(req.engine, recipe.eval.engine, suite.engine))
     choice = choose(req, folder, model.path, recipe.kv_cache is not None, device)
     with atomic_dir(out) as tmp:

@@ -25,7 +25,7 @@ from quantize.checks.resources import DiskNeed
 from quantize.model.config import ModelConfig
 
 if TYPE_CHECKING:
-    from quantize.pipeline.wiring import Pipeline
+    from quantize.pipeline.wiring import PipelineView
 
 KiB = 1024
 _WEIGHT_SUFFIX = ".safetensors"
@@ -59,7 +59,7 @@ def remaining(manifest: dict[str, Any], stages: list[str], rerun: tuple[str, ...
     return []
 
 
-def check(pipe: Pipeline, stages: list[str]) -> dict[str, Any]:
+def check(pipe: PipelineView, stages: list[str]) -> dict[str, Any]:
     """The disk pre-check of a pipeline run (quantize.pipeline.Pipeline) over `stages`:
     refuses (ResourceError, one line) or returns the facts for the manifest."""
     from quantize.checks.resources import check_disk

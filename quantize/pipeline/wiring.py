@@ -15,9 +15,7 @@ from quantize.model.source import ModelRef
 from quantize.progress import info, step
 from quantize.run.files import sha256_file
 from quantize.run.manifest import ExportManifest
-from quantize.run.stage import Inputs
-from quantize.spec.recipe import EvalSuite, Recipe, canonical_hash
-from quantize.stages.results import (
+from quantize.run.results import (
     CalibrationSummary,
     EvalSummary,
     ExportSummary,
@@ -25,24 +23,26 @@ from quantize.stages.results import (
     QuantizeSummary,
     Record,
 )
+from quantize.run.stage import Inputs
+from quantize.spec.recipe import EvalSuite, Recipe, canonical_hash
 
 # a stage's summary, typed; the pipeline hands the manifest its JSON (Record.to_json)
 Execute = Callable[[Path], Record]
 Plan = tuple[Inputs, Execute]
 
 
-class Options(Protocol):
+class OptionsView(Protocol):
     dataset: str | None
     rerun: tuple[str, ...]
     gpus: int
-    eval_engine: Any  # quantize.stages.eval.engine.EngineRequest | None
+    eval_engine: Any  # quantize.stages.eval.engine.EvalEngineRequest | None
 
 
-class Pipeline(Protocol):
+class PipelineView(Protocol):
     """What the stages' wiring reads of a run (quantize.pipeline.Pipeline provides it)."""
 
     @property
-    def opts(self) -> Options: ...
+    def opts(self) -> OptionsView: ...
 
     recipe: Recipe
     recipe_text: str
@@ -59,7 +59,7 @@ class Pipeline(Protocol):
     def suite(self) -> EvalSuite: ...
 
 
-def calibrate(pipe: Pipeline) -> Plan:
+def calibrate(pipe: PipelineView) -> Plan:
     from quantize.stages import calibrate as stage
 
     spec, base = stage.resolve_spec(pipe.recipe, pipe.opts.dataset)
@@ -80,7 +80,7 @@ def calibrate(pipe: Pipeline) -> Plan:
     return inputs, execute
 
 
-def quantize(pipe: Pipeline) -> Plan:
+def quantize(pipe: PipelineView) -> Plan:
     from quantize.backends import QuantizeJob, resolve_batch_size
     from quantize.stages import calibrate as calibrate_stage
     from quantize.stages import quantize as stage
@@ -132,7 +132,7 @@ def quantize(pipe: Pipeline) -> Plan:
     return inputs, execute
 
 
-def export(pipe: Pipeline) -> Plan:
+def export(pipe: PipelineView) -> Plan:
     from quantize.stages import export as stage
 
     inputs = {"quantize": pipe.keys["quantize"],
@@ -151,17 +151,17 @@ def export(pipe: Pipeline) -> Plan:
     return inputs, execute
 
 
-def eval(pipe: Pipeline) -> Plan:
+def eval(pipe: PipelineView) -> Plan:
     from dataclasses import replace
 
     from quantize.errors import EvalError
     from quantize.stages import eval as stage
-    from quantize.stages.eval.engine import EngineRequest, choose, requested_engine
+    from quantize.stages.eval.engine import EvalEngineRequest, choose, requested_engine
 
     suite = pipe.suite()
     export = pipe.run_dir / "export"
     # the engine is chosen before anything loads (and refused here: no vLLM, --tp too large)
-    req = pipe.opts.eval_engine or EngineRequest()
+    req = pipe.opts.eval_engine or EvalEngineRequest()
     req = replace(req, engine=requested_engine(req.engine, pipe.recipe.eval.engine,
                                                suite.engine))
     choice = choose(req, export, pipe.model.path, pipe.recipe.kv_cache is not None,
@@ -180,7 +180,7 @@ def eval(pipe: Pipeline) -> Plan:
     return inputs, execute
 
 
-def gate(pipe: Pipeline) -> Plan:
+def gate(pipe: PipelineView) -> Plan:
     from quantize.stages import gate as stage
 
     suite = pipe.suite()
@@ -196,5 +196,5 @@ def gate(pipe: Pipeline) -> Plan:
     return inputs, execute
 
 
-STAGE_PLANS: dict[str, Callable[[Pipeline], Plan]] = {
+STAGE_PLANS: dict[str, Callable[[PipelineView], Plan]] = {
     "calibrate": calibrate, "quantize": quantize, "export": export, "eval": eval, "gate": gate}

@@ -22,8 +22,8 @@ from quantize.errors import QuantizeError, VerifyError
 from quantize.model.config import read_config
 from quantize.spec.paths import PROJECT_ROOT
 from quantize.spec.yamlio import parse_model, read_text
-from quantize.stages import vllm_io
 from quantize.vllm import host as vhost
+from quantize.vllm import protocol as vllm_io
 from quantize.vllm import support
 
 QUESTIONS = PROJECT_ROOT / "eval" / "questions" / "factual.yaml"  # not a suite: own folder

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from quantize.errors import ExportError, QuantizeError
 from quantize.run.files import atomic_write_text
 from quantize.run.manifest import RunFolder
-from quantize.stages.results import (
+from quantize.run.results import (
     EvalMetrics,
     ExportSummary,
     GateSummary,
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Row:
+class CompareRow:
     """One run in the comparison."""
 
     run: str
@@ -49,7 +49,7 @@ class Row:
     baseline_answers: AnswerSheet | None = None  # and the 16-bit model's (first row only)
 
 
-def _load(run_dir: Path) -> Row:
+def _load(run_dir: Path) -> CompareRow:
     folder = RunFolder(run_dir)
     ev = EvalMetrics(metrics=[])
     try:
@@ -71,7 +71,7 @@ def _load(run_dir: Path) -> Row:
     ppl = [m for m in ev.metrics if m.kind == "perplexity"]
     base_bytes = sum(p.stat().st_size for p in Path(manifest.model.path).glob("*.safetensors"))
     engine = QuantizeSummary.model_validate(quantize.summary)
-    return Row(
+    return CompareRow(
         run=run_dir.name, recipe=manifest.recipe.name,
         weights_bytes=ExportSummary.model_validate(export.summary).weights_bytes,
         baseline_bytes=base_bytes,
@@ -92,7 +92,7 @@ def _fmt(x: float | None, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
 
-def markdown(rows: list[Row]) -> str:
+def markdown(rows: list[CompareRow]) -> str:
     names = sorted({n for r in rows for n in r.metrics})
     head = ["run", "recipe", "engine", "size MiB", "vs base", *[f"{n}" for n in names],
             "ppl recovery", "mean acc recovery", "quantize s", "peak RSS GiB", "gate"]
@@ -125,7 +125,7 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n" + note
 
 
-def plot(rows: list[Row], path: Path) -> None:
+def plot(rows: list[CompareRow], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -155,7 +155,7 @@ def plot(rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
-def _ask_all(rows: list[Row], run_dirs: list[Path], out: Path) -> None:
+def _ask_all(rows: list[CompareRow], run_dirs: list[Path], out: Path) -> None:
     """The real-client check of every export and of the 16-bit model(s) they came from,
     cached in OUT/answers/ by export key (and model fingerprint for the 16-bit model)."""
     from quantize.report.answers import AnswerSheet, ask
@@ -180,7 +180,7 @@ def _ask_all(rows: list[Row], run_dirs: list[Path], out: Path) -> None:
                                    Path(base.model_path))
 
 
-def compare(run_dirs: list[Path], out: Path, questions: bool = False) -> list[Row]:
+def compare(run_dirs: list[Path], out: Path, questions: bool = False) -> list[CompareRow]:
     if not run_dirs:
         raise QuantizeError("give at least one run folder")
     rows = [_load(d) for d in run_dirs]

@@ -13,17 +13,17 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantize.errors import CalibrationError, QuantizeError, first_line
+from quantize.errors import CalibrationError
 from quantize.run.files import atomic_write_json, sha256_file
-from quantize.spec.paths import DATA_DIR, contained
+from quantize.run.results import CalibrationSummary
+from quantize.spec.paths import contained
 from quantize.spec.recipe import CalibrationSpec, Recipe, load_calibration, resolve
-from quantize.stages.results import CalibrationSummary
+from quantize.spec.texts import BUILTIN_TEXT, hub_texts
 
 if TYPE_CHECKING:
     import torch
 
 NAME = "calibrate"
-BUILTIN_TEXT = {"wiki": DATA_DIR / "wiki_calibration.txt", "wiki-eval": DATA_DIR / "wiki_eval.txt"}
 _TEXT_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
 
 
@@ -110,21 +110,6 @@ def _read_file(path: Path, field: str) -> list[str]:
     if path.suffix in (".jsonl", ".json", ".parquet"):
         return _read_records(path, field)
     raise CalibrationError(f"{path}: unsupported file type; use .txt, .jsonl or .parquet")
-
-
-def hub_texts(hub: str, subset: str | None, split: str, field: str,
-              error: type[QuantizeError], hint: str) -> list[str]:
-    """The non-empty values of one column of a Hugging Face dataset (online only)."""
-    import datasets
-
-    try:
-        ds = datasets.load_dataset(hub, subset, split=split)
-    except Exception as exc:
-        raise error(f"cannot load dataset {hub!r} ({first_line(exc)}); {hint}") from None
-    if field not in ds.column_names:
-        raise error(f"dataset {hub!r} has no column {field!r} "
-                    f"(columns: {ds.column_names}); set text_field")
-    return [t if isinstance(t, str) else json.dumps(t) for t in ds[field] if t]
 
 
 def _read_hub(spec: CalibrationSpec) -> list[str]:

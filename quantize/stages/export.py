@@ -27,7 +27,7 @@ from quantize.run.files import (
     pause_point,
 )
 from quantize.run.manifest import ExportManifest
-from quantize.stages.results import ExportSummary
+from quantize.run.results import ExportSummary
 
 NAME = "export"
 REQUIRED = (CONFIG, "tokenizer_config.json")

@@ -17,8 +17,8 @@ import math
 from pathlib import Path
 
 from quantize.run.files import atomic_write_json, atomic_write_text
+from quantize.run.results import EvalMetrics, GateResult, GateSummary, MetricRow
 from quantize.spec.recipe import MetricSpec
-from quantize.stages.results import EvalMetrics, GateResult, GateSummary, MetricRow
 
 NAME = "gate"
 Z = 1.96

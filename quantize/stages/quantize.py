@@ -10,8 +10,8 @@ from pathlib import Path
 
 from quantize.backends import QuantizeJob, get_backend
 from quantize.progress import step
+from quantize.run.results import QuantizeSummary
 from quantize.spec.methods import METHODS
-from quantize.stages.results import QuantizeSummary
 
 NAME = "quantize"
 

@@ -61,7 +61,7 @@ class EngineArgs(TypedDict, total=False):
     dtype: str
 
 
-class ScoreGroup(TypedDict):
+class ScoreBatch(TypedDict):
     sequences: list[list[int]]
     score_from: list[int]
 
@@ -81,7 +81,7 @@ class Request(TypedDict, total=False):
     max_tokens: int  # generate
     logprobs: int
     prompts: list[list[int]]
-    groups: list[ScoreGroup]  # score
+    groups: list[ScoreBatch]  # score
     runs: list[dict[str, int]]  # throughput
     steps: list[dict[str, Any]]  # batch
 
@@ -94,7 +94,7 @@ class LayerCount(TypedDict):
 
 
 @dataclass
-class Gpu:
+class GpuInfo:
     name: str
     capability: int
 
@@ -108,27 +108,27 @@ class ProbeResult:
     isa: dict[str, bool]
     kernel_import_error: str | None  # left out of the JSON when the kernels imported
     ops: dict[str, bool]
-    gpus: list[Gpu]
+    gpus: list[GpuInfo]
     fp8_gemm_ms: dict[str, float]  # CPU: one 128x512x512 product, FP8 (_scaled_mm) and bf16
 
 
 @dataclass
-class Step:
+class TokenStep:
     token: int
     logprob: float
     top: dict[str, float]
 
 
 @dataclass
-class Generated:
+class Generation:
     token_ids: list[int]
-    steps: list[Step]
+    steps: list[TokenStep]
 
 
 @dataclass
 class GenerateResult:
     vllm_version: str
-    outputs: list[Generated]
+    outputs: list[Generation]
     load_s: float
     generate_s: float
     quantization: str | None
@@ -145,7 +145,7 @@ class Scored:
 
 
 @dataclass
-class ScoredGroup:
+class ScoredBatch:
     outputs: list[Scored]
     seconds: float
     tokens: int
@@ -154,7 +154,7 @@ class ScoredGroup:
 @dataclass
 class ScoreResult:
     vllm_version: str
-    groups: list[ScoredGroup]
+    groups: list[ScoredBatch]
     load_s: float
     quantization: str | None
     dtype: str
@@ -241,7 +241,7 @@ def probe(_req: Request) -> ProbeResult:
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             major, minor = torch.cuda.get_device_capability(i)
-            gpus.append(Gpu(torch.cuda.get_device_name(i), major * 10 + minor))
+            gpus.append(GpuInfo(torch.cuda.get_device_name(i), major * 10 + minor))
     device = getattr(current_platform, "device_type", "unknown")
     return ProbeResult(vllm.__version__, torch.__version__, type(current_platform).__name__,
                        device, isa, kernel_error, ops, gpus,
@@ -299,9 +299,9 @@ def generate(req: Request) -> GenerateResult:
         comp = res.outputs[0]
         steps = []
         for tok, lp in zip(comp.token_ids, comp.logprobs or [], strict=False):
-            steps.append(Step(int(tok), float(lp[tok].logprob),
+            steps.append(TokenStep(int(tok), float(lp[tok].logprob),
                               {str(k): float(v.logprob) for k, v in lp.items()}))
-        outputs.append(Generated([int(t) for t in comp.token_ids], steps))
+        outputs.append(Generation([int(t) for t in comp.token_ids], steps))
     engine = llm.llm_engine
     mcfg = getattr(getattr(engine, "vllm_config", None), "model_config", None) or getattr(
         engine, "model_config", None)
@@ -347,7 +347,7 @@ def score(req: Request) -> ScoreResult:
         t1 = time.perf_counter()
         outputs = [Scored(lps, ranks) for lps, ranks in
                    serving.score_group(llm, seqs, [int(x) for x in g["score_from"]])]
-        out_groups.append(ScoredGroup(outputs, round(time.perf_counter() - t1, 3),
+        out_groups.append(ScoredBatch(outputs, round(time.perf_counter() - t1, 3),
                                       sum(len(s) for s in seqs)))
     engine = llm.llm_engine
     mcfg = getattr(getattr(engine, "vllm_config", None), "model_config", None)

@@ -45,7 +45,7 @@ def _kl_to_source(tiny_model: Path, export: Path) -> float:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, CompressedTensorsConfig
 
-    from quantize.stages.calibrate import BUILTIN_TEXT
+    from quantize.spec.texts import BUILTIN_TEXT
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     ids = tok(BUILTIN_TEXT["wiki-eval"].read_text(encoding="utf-8"))["input_ids"][:4 * 128]
@@ -114,7 +114,7 @@ def test_disk_offload_gives_the_same_export(tiny_model: Path, tmp_path: Path) ->
     (a copy of the weights) must be gone afterwards."""
     from transformers import AutoTokenizer
 
-    from quantize.stages.calibrate import BUILTIN_TEXT
+    from quantize.spec.texts import BUILTIN_TEXT
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     ids = tok(BUILTIN_TEXT["wiki"].read_text(encoding="utf-8"))["input_ids"]

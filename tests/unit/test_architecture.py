@@ -76,8 +76,8 @@ def _layer(module: str) -> int:
     return best
 
 
-def test_no_import_cycles() -> None:
-    graph = _graph()
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -110,7 +110,42 @@ def test_no_import_cycles() -> None:
     for v in sorted(graph):
         if v not in index:
             visit(v)
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    cycles = _cycles(_graph())
     assert cycles == [], f"import cycles: {cycles}"
+
+
+def _package(module: str) -> str:
+    """quantize.X for anything under quantize/X/; a top-level module is its own package."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_no_package_cycles() -> None:
+    """Packages import each other one way only (lazy and type-checking imports included): a
+    cycle between packages is a layering the module graph alone does not show."""
+    graph: dict[str, set[str]] = {}
+    for m, targets in _graph().items():
+        src = _package(m)
+        graph.setdefault(src, set()).update(
+            t for t in map(_package, targets) if t != src)
+    cycles = _cycles(graph)
+    assert cycles == [], f"package cycles: {cycles}"
+
+
+def test_no_two_classes_share_a_name() -> None:
+    """One name, one class: two `Engine`s or two `MetricRow`s make readers (and imports)
+    guess which one is meant."""
+    where: dict[str, list[str]] = {}
+    for name, path in _modules().items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(name)
+    dup = {k: v for k, v in where.items() if len(v) > 1}
+    assert dup == {}, f"class names defined twice: {dup}"
 
 
 def test_layers_import_only_downwards() -> None:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from quantize.metrics import BIGBENCH_DIR, _bigbench_docs, _task_yaml, windows
-from quantize.stages.calibrate import BUILTIN_TEXT
+from quantize.spec.texts import BUILTIN_TEXT
 
 
 @pytest.mark.parametrize(("n", "seq", "stride"), [(100, 10, 10), (100, 10, 5), (97, 16, 7),

@@ -16,13 +16,13 @@ from huggingface_hub import ModelCard
 
 from quantize.report.card.body import BodyView, body_view, engine
 from quantize.report.card.header import card_data, eval_results, tags
-from quantize.report.card.inputs import BaseInfo, Calibration, CardInputs, MetricRow
+from quantize.report.card.inputs import BaseInfo, Calibration, CardInputs, CardMetric
 from quantize.report.card.memory import human_bytes, kv_bytes_per_token, kv_per_token
 from quantize.report.card.naming import default_repo_name, scheme_tag
 
 TEMPLATE = Path(__file__).with_name("card.md")
 
-__all__ = ["TEMPLATE", "BaseInfo", "BodyView", "Calibration", "CardInputs", "MetricRow",
+__all__ = ["TEMPLATE", "BaseInfo", "BodyView", "Calibration", "CardInputs", "CardMetric",
            "body_view", "build_card", "card_data", "default_repo_name", "dumps_json", "engine",
            "eval_results", "human_bytes", "kv_bytes_per_token", "kv_per_token", "scheme_tag",
            "tags"]

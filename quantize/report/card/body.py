@@ -13,9 +13,9 @@ from typing import Any
 from quantize.report.card.inputs import (
     Calibration,
     CardInputs,
+    CardMetric,
     GateView,
     Json,
-    MetricRow,
     VerifyView,
     kernel_names,
 )
@@ -53,7 +53,7 @@ class BodyView:
     format_cell: str
     calibration: Calibration | None  # None: a data-free recipe
     # evaluation and verification
-    metrics: list[MetricRow]
+    metrics: list[CardMetric]
     suite: str
     device: str
     scored_by: str  # vLLM's version, where it ran and its kernels; "" for transformers
@@ -159,7 +159,7 @@ def _speed(inputs: CardInputs) -> list[str]:
 def body_view(inputs: CardInputs) -> BodyView:
     r, b = inputs.recipe, inputs.base
     kv_bits = inputs.kv_cache_bits
-    metrics = MetricRow.join(inputs.eval, inputs.gate)
+    metrics = CardMetric.join(inputs.eval, inputs.gate)
     ev = inputs.eval or {}
     gs = inputs.group_size
     return BodyView(

@@ -8,10 +8,10 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCardData
 
-from quantize.report.card.inputs import CardInputs, MetricRow
+from quantize.report.card.inputs import CardInputs, CardMetric
 
 
-def _dataset(row: MetricRow) -> tuple[str, str, str | None]:
+def _dataset(row: CardMetric) -> tuple[str, str, str | None]:
     """(type, name, config) of the data a metric was measured on, from its recorded settings."""
     task = row.settings.get("task")
     if isinstance(task, str) and task.startswith("bigbench:"):
@@ -26,7 +26,7 @@ def eval_results(inputs: CardInputs) -> list[EvalResult]:
     """The candidate's scores as model-index entries (what the Hub renders)."""
     suite = (inputs.eval or {}).get("suite", "?")
     out = []
-    for r in MetricRow.join(inputs.eval, inputs.gate):
+    for r in CardMetric.join(inputs.eval, inputs.gate):
         dtype, dname, dconfig = _dataset(r)
         kind = "accuracy" if r.accuracy else "perplexity"
         shots = r.settings.get("num_fewshot")

@@ -2,7 +2,7 @@
 
 The result files (eval.json, gate.json, verify.json) stay the JSON their stages wrote, since
 they are shipped verbatim next to the card; the card reads them through the small views
-here (`MetricRow`, `GateView`, `VerifyView`, `Calibration`), so a key is looked up in one
+here (`CardMetric`, `GateView`, `VerifyView`, `Calibration`), so a key is looked up in one
 place and the template sees attributes, not dict lookups.
 """
 
@@ -104,13 +104,13 @@ def _pct(v: Any) -> str:
 
 
 @dataclass(frozen=True)
-class MetricRow:
+class CardMetric:
     """One eval.json metric joined with the gate's verdict on it (the gate's values win)."""
 
     row: Json
 
     @classmethod
-    def join(cls, ev: Json | None, gate: Json | None) -> list[MetricRow]:
+    def join(cls, ev: Json | None, gate: Json | None) -> list[CardMetric]:
         verdicts = {r["name"]: r for r in (gate or {}).get("rows", [])}
         out = []
         for r in (ev or {}).get("metrics", []):
@@ -164,8 +164,8 @@ class MetricRow:
     @property
     def note(self) -> str:
         if self.row.get("kind") == "expert_coverage" and self.row.get("details"):
-            from quantize.metrics import expert_coverage_lines  # the eval report's words
-            from quantize.stages.results import MetricRow as Row
+            from quantize.run.results import MetricRow as Row
+            from quantize.run.results import expert_coverage_lines  # the eval report words
 
             return " ".join(expert_coverage_lines(Row.model_validate(self.row)))
         return str(self.row.get("note") or "")

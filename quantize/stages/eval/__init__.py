@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from quantize.errors import EvalError, first_line
-from quantize.metrics import expert_coverage, expert_coverage_lines
+from quantize.metrics import expert_coverage
 from quantize.model.config import ModelConfig, read_config, torch_dtype
 from quantize.model.decode import load_dequantized
 from quantize.model.moe import load_linearized, transformers_load_problem
@@ -23,9 +23,7 @@ from quantize.model.qconfig import NATIVE_METHODS, quant_method
 from quantize.progress import info, step
 from quantize.run.files import atomic_write_json, atomic_write_text, pause_point
 from quantize.run.lock import entry_lock
-from quantize.spec.recipe import EvalSuite, MetricSpec, canonical_hash
-from quantize.stages.eval.engine import EngineChoice, EngineKey
-from quantize.stages.results import (
+from quantize.run.results import (
     BaselineRef,
     CandidateRef,
     CoverageBrief,
@@ -40,7 +38,10 @@ from quantize.stages.results import (
     Throughput,
     Timing,
     VllmLoads,
+    expert_coverage_lines,
 )
+from quantize.spec.recipe import EvalSuite, MetricSpec, canonical_hash
+from quantize.stages.eval.engine import EngineChoice, EngineKey
 
 NAME = "eval"
 
@@ -136,7 +137,7 @@ def evaluate(path: Path, suite: EvalSuite, device: str, label: str) -> Scores:
     return results
 
 
-def score(path: Path, suite: EvalSuite, device: str, label: str, engine: Engine
+def score(path: Path, suite: EvalSuite, device: str, label: str, engine: EvalEngine
           ) -> Scores:
     """The suite on one model, by the chosen engine."""
     if engine.choice.name == "hf":
@@ -149,7 +150,7 @@ def score(path: Path, suite: EvalSuite, device: str, label: str, engine: Engine
 
 
 def baseline(model_path: Path, fingerprint: str, suite: EvalSuite, device: str,
-             versions: dict[str, str], engine: Engine) -> tuple[Scores, bool]:
+             versions: dict[str, str], engine: EvalEngine) -> tuple[Scores, bool]:
     """The baseline's results, from the cache when the same model/suite/settings ran before."""
     from quantize.model.source import cache_root
 
@@ -241,7 +242,7 @@ def _strip(results: Scores) -> dict[str, Score]:
     return {k: r.summary() for k, r in results.metrics.items()}
 
 
-class Engine:
+class EvalEngine:
     """The chosen engine with what scoring needs: where worker logs go and the --dtype vLLM
     serves both models at (the candidate's need on this host, e.g. bf16 for INT8 on CPU)."""
 
@@ -269,7 +270,7 @@ def serving_dtype(candidate: Path, choice: EngineChoice | None) -> str | None:
 def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, device: str,
         versions: dict[str, str], out: Path, choice: EngineChoice | None = None
         ) -> EvalSummary:
-    engine = Engine(choice, out / "logs", serving_dtype(candidate, choice))
+    engine = EvalEngine(choice, out / "logs", serving_dtype(candidate, choice))
     c = engine.choice
     info(f"eval engine: {c.name} ({c.reason})")
     t0 = time.perf_counter()

@@ -32,7 +32,7 @@ KV_DTYPES = ("auto", "fp8", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
-class EngineRequest:
+class EvalEngineRequest:
     """What the user asked for: CLI over recipe over suite; None = not given."""
 
     engine: str | None = None  # hf | vllm | auto
@@ -145,7 +145,7 @@ def vllm_problem(host: Any, candidate: Path, kv_cache_dtype: str) -> str | None:
     return None if ok.ok else ok.reason.removeprefix("not verifiable on this host: ")
 
 
-def choose(req: EngineRequest, candidate: Path, model_path: Path, kv_quantized: bool,
+def choose(req: EvalEngineRequest, candidate: Path, model_path: Path, kv_quantized: bool,
            device: str, host: Any = None) -> EngineChoice:
     """Decide the engine before anything is loaded; refuse what cannot run in one line."""
     from quantize.vllm import host as vhost
@@ -181,7 +181,7 @@ def choose(req: EngineRequest, candidate: Path, model_path: Path, kv_quantized: 
                         host.vllm_python, host.vllm_version, host.device)
 
 
-def _hf(req: EngineRequest, requested: str, reason: str) -> EngineChoice:
+def _hf(req: EvalEngineRequest, requested: str, reason: str) -> EngineChoice:
     if req.tp != 1 or req.kv_cache_dtype != "auto":
         raise EvalError(f"auto chose transformers ({reason}); --tp and --kv-cache-dtype "
                         "need --engine vllm")

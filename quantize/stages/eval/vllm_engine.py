@@ -21,10 +21,10 @@ from typing import Any
 
 from quantize.errors import EvalError
 from quantize.progress import info, step
+from quantize.run.results import Score, Scores, VllmLoad
 from quantize.spec.recipe import EvalSuite, MetricSpec
 from quantize.stages.eval.engine import EngineChoice
-from quantize.stages.results import Score, Scores, VllmLoad
-from quantize.stages.vllm_io import ScoreGroup, ScoreRequest, kernel_counts, score, size_kv
+from quantize.vllm.protocol import ScoreGroup, ScoreRequest, kernel_counts, score, size_kv
 
 TIMEOUT_S = 3600
 Key = tuple[tuple[int, ...], int]

@@ -44,7 +44,7 @@ from quantize.stages.verify.scoring import (
     score,
     unfuse_native_kernels,
 )
-from quantize.stages.verify.stage import Options, run, stage_inputs, verify
+from quantize.stages.verify.stage import VerifyOptions, run, stage_inputs, verify
 from quantize.stages.verify.target import (
     NAME,
     PROMPTS,
@@ -62,9 +62,31 @@ from quantize.stages.verify.vllm_run import (
 )
 
 __all__ = [
-    "MAX_TOKENS", "NAME", "PROMPTS", "TOP_K", "DecodeTolerance", "Options", "Thresholds",
-    "checkpoint_config", "compare", "dtype_note", "engine_request", "eval_text_ids", "load_hf",
-    "log_probs", "one_line", "prompt_ids", "render", "resolve_target", "run", "score",
-    "serve_command", "source_model", "stage_inputs", "unfuse_native_kernels", "verify",
-    "verify_decode", "verify_vllm",
+    "MAX_TOKENS",
+    "NAME",
+    "PROMPTS",
+    "TOP_K",
+    "DecodeTolerance",
+    "Thresholds",
+    "VerifyOptions",
+    "checkpoint_config",
+    "compare",
+    "dtype_note",
+    "engine_request",
+    "eval_text_ids",
+    "load_hf",
+    "log_probs",
+    "one_line",
+    "prompt_ids",
+    "render",
+    "resolve_target",
+    "run",
+    "score",
+    "serve_command",
+    "source_model",
+    "stage_inputs",
+    "unfuse_native_kernels",
+    "verify",
+    "verify_decode",
+    "verify_vllm",
 ]

@@ -1,13 +1,13 @@
 """What verify finds, typed: verify.json (the summary), the two levels' measurements and the
 manifest's record of the stage. Built field by field by the levels; written with exactly
-the keys that were set (quantize.stages.results.Record), so verify.json keeps its shape."""
+the keys that were set (quantize.run.results.Record), so verify.json keeps its shape."""
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from quantize.stages.results import Record, Scalar
-from quantize.stages.vllm_io import LayerKernel
+from quantize.run.results import Record, Scalar
+from quantize.vllm.protocol import LayerKernel
 
 
 class ServeDtype(Record):

@@ -15,7 +15,7 @@ from quantize.model.moe import config_is_moe, load_linearized
 from quantize.model.moe_load import per_token_inputs
 from quantize.model.qconfig import read_quant_config
 from quantize.stages.verify.result import AgreementMetrics, Tie
-from quantize.stages.vllm_io import Generated
+from quantize.vllm.protocol import Generated
 
 if TYPE_CHECKING:
     import torch

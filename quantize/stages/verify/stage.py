@@ -33,7 +33,7 @@ LEVELS = ("auto", "vllm", "decode")
 
 
 @dataclass(frozen=True)
-class Options:
+class VerifyOptions:
     """How to verify (the `quantize verify` options)."""
 
     tp: int = 1
@@ -57,7 +57,7 @@ class Options:
         return vhost.detect(self.vllm_python)
 
 
-def run(checkpoint: Path, out: Path, opts: Options, host: vhost.Host | None = None
+def run(checkpoint: Path, out: Path, opts: VerifyOptions, host: vhost.Host | None = None
         ) -> VerifySummary:
     """Verify `checkpoint` (an export folder), writing verify.json/verify.md and logs into
     `out`. Returns the summary; `verdict` is pass or fail, `level` vllm or decode."""
@@ -113,8 +113,8 @@ def verify(checkpoint: Path, *, out: Path | None = None, rerun: bool = False,
            **options: Any) -> VerifySummary:
     """Library entry: a run folder gets <run>/verify/ (complete or absent), recorded in its
     manifest; a bare checkpoint gets `out=` or <checkpoint>/../<name>-verify/. `options`:
-    the fields of `Options`."""
-    opts = Options(**options)
+    the fields of `VerifyOptions`."""
+    opts = VerifyOptions(**options)
     opts.check()
     ckpt, run_dir = resolve_target(Path(checkpoint))
     if run_dir is not None and (out is None or Path(out).resolve() == (run_dir / NAME).resolve()):
@@ -139,7 +139,7 @@ def _export_key(run_dir: Path) -> str | None:
     return rec.key if rec is not None else None
 
 
-def stage_inputs(export_key: str, opts: Options, host: vhost.Host) -> Inputs:
+def stage_inputs(export_key: str, opts: VerifyOptions, host: vhost.Host) -> Inputs:
     """What changes the verdict: the export, how it is checked, and where."""
     usable = host.vllm_python is not None and not host.problem
     tol = asdict(opts.tolerance)
@@ -150,7 +150,7 @@ def stage_inputs(export_key: str, opts: Options, host: vhost.Host) -> Inputs:
             "thresholds": {"vllm": asdict(opts.thresholds), "decode": tol}}
 
 
-def _recorded(ckpt: Path, run_dir: Path, export_key: str, opts: Options, *,
+def _recorded(ckpt: Path, run_dir: Path, export_key: str, opts: VerifyOptions, *,
               rerun: bool) -> VerifySummary:
     host = opts.host()
     inputs = stage_inputs(export_key, opts, host)

@@ -11,8 +11,8 @@ import quantize.stages.verify.target as target
 from quantize.errors import VerifyError
 from quantize.stages.verify.result import LevelResult, VllmLoadInfo
 from quantize.stages.verify.scoring import Thresholds, compare, load_hf, score
-from quantize.stages.vllm_io import Generated, GenerateRequest, generate, size_kv
 from quantize.vllm import host as vhost
+from quantize.vllm.protocol import Generated, GenerateRequest, generate, size_kv
 
 MAX_TOKENS = 16
 TOP_K = 5

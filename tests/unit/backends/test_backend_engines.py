@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from quantize.backends import check_model
 from quantize.errors import BackendUnavailable, NotImplementedFeature, RecipeError
 from quantize.model.config import ModelConfig
 from quantize.spec.engines import ENGINE_SCHEMES
@@ -111,14 +112,13 @@ def test_missing_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch
 
 def test_missing_extra_fails_preflight_before_calibration(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from quantize.checks import preflight
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "gptqmodel" else real(name, *a))
     monkeypatch.delitem(sys.modules, "quantize.backends.gptqmodel", raising=False)
     with pytest.raises(BackendUnavailable, match=r"pip install -e \.\[gptqmodel\]"):
-        preflight.check_engine(load_recipe("gptq-int4-gptqmodel"), {"model_type": "llama"})
+        check_model(load_recipe("gptq-int4-gptqmodel"), {"model_type": "llama"})
 
 
 def test_loading_a_native_checkpoint_without_the_extra_says_what_to_install(
@@ -163,16 +163,15 @@ def test_gptqmodel_awq_is_refused_before_calibration_where_it_fails(model_type: 
     """GPTQModel 7.6.0's AWQ failed on these MoE architectures after calibrating
     (bench/moe_matrix.py); pre-flight says so first. Its GPTQ on them, and its AWQ on
     Qwen3-MoE and Mixtral, are not refused."""
-    from quantize.checks.preflight import check_engine
 
     awq, gptq = load_recipe("awq-int4-gptqmodel"), load_recipe("gptq-int4-gptqmodel")
     with pytest.raises(NotImplementedFeature, match=(
             rf"backend gptqmodel 7\.6\.0 cannot run AWQ on model_type '{model_type}': .*; "
             r"use backend: llmcompressor \(recipe awq-int4\)")):
-        check_engine(awq, ModelConfig(model_type=model_type))
-    check_engine(gptq, ModelConfig(model_type=model_type))
+        check_model(awq, ModelConfig(model_type=model_type))
+    check_model(gptq, ModelConfig(model_type=model_type))
     for ok in ("qwen3_moe", "mixtral", "llama"):
-        check_engine(awq, ModelConfig(model_type=ok))
+        check_model(awq, ModelConfig(model_type=ok))
 
 
 def test_autoawq_refuses_unpacked_calibration_samples() -> None:
@@ -403,3 +402,22 @@ def test_an_engine_failure_is_one_line_naming_its_log(tmp_path: Path) -> None:
     # not an engine failure: passes through unchanged
     with pytest.raises(MemoryError), engine_run("autoawq", log):
         raise MemoryError
+
+
+def test_autoround_without_its_package_is_refused_before_calibration(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantize.backends import check_model
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "auto_round" else real(name, *a))
+    from quantize.spec.recipe import Recipe
+
+    r = Recipe(name="ar", description="d", method="autoround", scheme="W4A16",
+               group_size=64)
+    with pytest.raises(BackendUnavailable, match=r"needs the package 'auto-round==0\.15\.1'.*"
+                       r"pip install auto-round==0\.15\.1") as exc:
+        check_model(r, {})
+    assert exc.value.exit_code == 2 and "\n" not in str(exc.value)
+    gptq = Recipe(name="g", description="d", method="gptq", scheme="W4A16", group_size=64)
+    check_model(gptq, {})  # other methods do not need it

@@ -230,7 +230,8 @@ def test_gate_blocks_a_planted_nan_scale(tmp_path: Path) -> None:
 
 
 def test_gate_blocks_an_expert_never_calibrated(tmp_path: Path) -> None:
-    from quantize.metrics import expert_coverage, expert_coverage_lines
+    from quantize.metrics import expert_coverage
+    from quantize.run.results import expert_coverage_lines
     from quantize.stages import gate
 
     export = _write_experts(tmp_path / "export", torch.full((8, 1), 0.01))

@@ -53,7 +53,7 @@ def test_engine_precedence_cli_recipe_suite_auto() -> None:
 
 
 # --- choose(): before anything loads ----------------------------------------------------------
-def _choose(tiny_model: Path, monkeypatch: pytest.MonkeyPatch, req: E.EngineRequest,
+def _choose(tiny_model: Path, monkeypatch: pytest.MonkeyPatch, req: E.EvalEngineRequest,
             host: Host | None, kv: bool = False, free: int = 100 * GB) -> E.EngineChoice:
     monkeypatch.setattr(E, "free_bytes", lambda device: free)
     return E.choose(req, tiny_model, tiny_model, kv, "cpu", host=host)
@@ -67,13 +67,13 @@ def test_auto_on_a_plain_recipe_does_not_probe_vllm(tiny_model: Path,
         raise AssertionError("auto probed vLLM for a recipe that does not need it")
 
     monkeypatch.setattr(vhost, "detect", no_probe)
-    c = _choose(tiny_model, monkeypatch, E.EngineRequest("auto"), None)
+    c = _choose(tiny_model, monkeypatch, E.EvalEngineRequest("auto"), None)
     assert (c.name, c.requested) == ("hf", "auto") and "fits" in c.reason
 
 
 def test_auto_on_a_kv_recipe_picks_vllm(tiny_model: Path, monkeypatch: pytest.MonkeyPatch
                                         ) -> None:
-    c = _choose(tiny_model, monkeypatch, E.EngineRequest("auto"), CPU_HOST, kv=True)
+    c = _choose(tiny_model, monkeypatch, E.EvalEngineRequest("auto"), CPU_HOST, kv=True)
     assert c.name == "vllm" and "KV cache" in c.reason and c.vllm_version == "0.32.0"
     assert c.key() == {"engine": "vllm", "tp": 1, "kv_cache_dtype": "auto",
                        "vllm_version": "0.32.0", "vllm_device": "cpu"}
@@ -82,7 +82,7 @@ def test_auto_on_a_kv_recipe_picks_vllm(tiny_model: Path, monkeypatch: pytest.Mo
 def test_engine_vllm_without_the_environment_names_make_vllm_env(
         tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(EvalError, match=r"--engine vllm: .*make vllm-env") as err:
-        _choose(tiny_model, monkeypatch, E.EngineRequest("vllm"), NO_VLLM)
+        _choose(tiny_model, monkeypatch, E.EvalEngineRequest("vllm"), NO_VLLM)
     assert "\n" not in str(err.value)
 
 
@@ -91,26 +91,26 @@ def test_engine_vllm_on_a_format_the_host_cannot_run_names_engine_hf(
     avx2 = Host("/fake/python", "0.32.0", "cpu", {"avx2": True}, {})  # no AVX-512: no fp8 KV
     with pytest.raises(EvalError, match=r"cannot run the candidate \(FP8 KV cache needs "
                                         r"AVX-512.*\); use --engine hf"):
-        _choose(tiny_model, monkeypatch, E.EngineRequest("vllm", kv_cache_dtype="fp8"), avx2)
+        _choose(tiny_model, monkeypatch, E.EvalEngineRequest("vllm", kv_cache_dtype="fp8"), avx2)
 
 
 def test_tp_larger_than_visible_devices_is_refused(tiny_model: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(EvalError, match=r"--tp 2 is larger than the devices vLLM sees on this "
                                         r"host \(the CPU backend \(1 device\)\)"):
-        _choose(tiny_model, monkeypatch, E.EngineRequest("vllm", tp=2), CPU_HOST)
+        _choose(tiny_model, monkeypatch, E.EvalEngineRequest("vllm", tp=2), CPU_HOST)
     gpus = Host("/fake/python", "0.32.0", "cuda", gpus=[90, 90])
     with pytest.raises(EvalError, match=r"--tp 4 .* \(2 GPU\(s\)\); use --tp 2"):
-        _choose(tiny_model, monkeypatch, E.EngineRequest("vllm", tp=4), gpus)
-    c = _choose(tiny_model, monkeypatch, E.EngineRequest("vllm", tp=2), gpus)
+        _choose(tiny_model, monkeypatch, E.EvalEngineRequest("vllm", tp=4), gpus)
+    c = _choose(tiny_model, monkeypatch, E.EvalEngineRequest("vllm", tp=2), gpus)
     assert (c.name, c.tp, c.device) == ("vllm", 2, "cuda")
 
 
 def test_vllm_settings_need_the_vllm_engine() -> None:
     with pytest.raises(EvalError, match="--engine vllm only"):
-        E.EngineRequest("hf", tp=2).check()
+        E.EvalEngineRequest("hf", tp=2).check()
     with pytest.raises(EvalError, match="--kv-cache-dtype"):
-        E.EngineRequest("vllm", kv_cache_dtype="int4").check()
+        E.EvalEngineRequest("vllm", kv_cache_dtype="int4").check()
 
 
 def test_cli_refuses_tp_with_hf_in_one_line(tmp_path: Path) -> None:

@@ -305,3 +305,23 @@ class EvalSummary(Record):
     metrics: dict[str, MetricBrief]
     expert_coverage: CoverageBrief | None = None
     engine: EngineBrief
+
+
+def expert_coverage_lines(row: MetricRow) -> list[str]:
+    """The eval report's and the card's words for the row."""
+    d = MetricRow.model_validate(row).details  # a row read from an older eval.json, too
+    if d is None:
+        return []
+    cov = d.coverage
+    lines = [f"Expert coverage: {d.experts_checked} experts' scales checked, "
+             f"{len(d.nonfinite_scales)} with NaN/Inf, {len(d.all_zero_scales)} "
+             "all zero."]
+    if cov:
+        how = "every expert calibrated on every token" if cov.all_experts_calibrated \
+            else "experts calibrated on their routed tokens only" if cov.calibrated \
+            else "data-free recipe"
+        lines.append(f"Routed tokens per expert over {cov.layers} MoE layers: min "
+                     f"{cov.min}, median {cov.median:g}, max {cov.max}; "
+                     f"{cov.unrouted} expert(s) got none ({how}).")
+    lines += [f"- {p}" for p in d.problems]
+    return lines

@@ -10,11 +10,11 @@ from typing import Any
 
 from pydantic import Field
 
-from quantize.stages.results import Record, Scalar
+from quantize.run.results import Record, Scalar
 from quantize.vllm import host as vhost
 
 
-class EngineRequest(Record):
+class WorkerRequest(Record):
     """What every op takes to build the engine (worker._engine)."""
 
     op: str
@@ -30,7 +30,7 @@ class ScoreGroup(Record):
     score_from: list[int]
 
 
-class ScoreRequest(EngineRequest):
+class ScoreRequest(WorkerRequest):
     op: str = "score"
     groups: list[ScoreGroup]
     tp: int
@@ -42,7 +42,7 @@ class ScoreRequest(EngineRequest):
     kv_cache_gib: float | None = None  # GPU: a fixed KV cache and a memory share to match
 
 
-class GenerateRequest(EngineRequest):
+class GenerateRequest(WorkerRequest):
     op: str = "generate"
     prompts: list[list[int]]
     max_tokens: int
@@ -56,7 +56,7 @@ class GenerateRequest(EngineRequest):
     kv_cache_gib: float | None = None
 
 
-class Answer(Record):
+class WorkerAnswer(Record):
     """Any worker answer: ok, or the error and where the log is."""
 
     ok: bool = False
@@ -103,7 +103,7 @@ def kernel_counts(layers: Kernels | None) -> dict[str, int]:
     return out
 
 
-class ScoreAnswer(Answer):
+class ScoreAnswer(WorkerAnswer):
     groups: list[ScoredGroup] = Field(default_factory=list)
     kv_cache_dtype: str | None = None
     layers: Kernels | None = None
@@ -120,7 +120,7 @@ class Generated(Record):
     steps: list[Step] = Field(default_factory=list)
 
 
-class GenerateAnswer(Answer):
+class GenerateAnswer(WorkerAnswer):
     outputs: list[Generated] = Field(default_factory=list)
     generate_s: float | None = None
     layers: Kernels | None = None
