@@ -110,3 +110,19 @@ class DiskError(QuantizeError):
     """The environment refused a write: no space left, over quota, a read-only file system or
     no permission. The message names the path and the fix; finished stages are kept, so
     re-running the same command after the fix resumes."""
+
+
+class FitError(QuantizeError):
+    """`quantize fit` cannot do what was asked (bad budget, nothing fits)."""
+
+
+class PlanError(QuantizeError):
+    """The memory plan cannot be made (unknown GPU, unreadable model config, bad option)."""
+
+
+class ResourceError(QuantizeError):
+    """Not enough memory for the requested stage."""
+
+
+class PlacementError(QuantizeError):
+    """Neither host RAM nor disk can hold the weights."""

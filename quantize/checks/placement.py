@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
-from quantize.errors import NotImplementedFeature, QuantizeError
+from quantize.errors import NotImplementedFeature, PlacementError
 
 GiB = 2**30
 # Kept free when weights spill to disk: the engine's per-layer caches, one layer read back
@@ -31,10 +31,6 @@ GiB = 2**30
 # measurement (no host here is short of RAM for a model that can be tested).
 DISK_RESERVE_FRACTION = 0.15
 DISK_RESERVE_MIN = 4 * GiB
-
-
-class PlacementError(QuantizeError):
-    """Neither host RAM nor disk can hold the weights."""
 
 
 @dataclass(frozen=True)

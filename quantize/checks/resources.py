@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantize.errors import QuantizeError
+from quantize.errors import ResourceError
 from quantize.model.config import ModelConfig, weight_bytes
 from quantize.progress import info
 from quantize.spec.methods import METHODS
@@ -43,10 +43,6 @@ _OVERHEAD = 2.5
 _SLACK = 1.10  # allocator fragmentation over the allocated peak
 _CONTEXT = 1 * GiB  # CUDA context, cuBLAS workspaces: outside torch's allocator
 PLACEMENTS = ("resident", "onload", "onload+offload")
-
-
-class ResourceError(QuantizeError):
-    """Not enough memory for the requested stage."""
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantize.errors import FitError, PlanError
 from quantize.fit import knapsack
-from quantize.fit.budget import Budget, FitError, Serving, nearest, weight_budget
+from quantize.fit.budget import Budget, Serving, nearest, weight_budget
 from quantize.fit.sensitivity import Costs
 from quantize.fit.units import Units, build_units, check_bits
 from quantize.model.config import Shape, model_shape
-from quantize.planner.gpus import PlanError
 from quantize.planner.sources import ModelSource, load_source
 from quantize.planner.weights import meta
 from quantize.spec.recipe import Recipe

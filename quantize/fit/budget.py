@@ -18,18 +18,13 @@ import math
 import re
 from dataclasses import dataclass
 
-from quantize.errors import QuantizeError
+from quantize.errors import FitError
 from quantize.model.config import Shape
 from quantize.planner.gpus import Gpu
 from quantize.planner.kv import BLOCK
 from quantize.planner.memory import GIB, PROFILES, Memory, serve_defaults, vllm_memory
 from quantize.planner.recommend import tp_problem
 from quantize.planner.rows import TP_CANDIDATES
-
-
-class FitError(QuantizeError):
-    """`quantize fit` cannot do what was asked (bad budget, nothing fits)."""
-
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9,
           "gb": 10**9, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "t": 10**12,

@@ -61,7 +61,7 @@ class Units:
 
 
 def check_bits(base: Recipe, bits: tuple[int, ...]) -> tuple[int, ...]:
-    from quantize.fit.budget import FitError
+    from quantize.errors import FitError
 
     low = SCHEMES[base.scheme].weight_bits
     allowed = sorted({low, 8, 16})

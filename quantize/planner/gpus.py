@@ -12,16 +12,12 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from quantize.errors import QuantizeError
+from quantize.errors import PlanError
 from quantize.spec.paths import DATA_DIR
 from quantize.spec.yamlio import format_validation_error, load_yaml, read_text
 
 DATA = DATA_DIR / "gpus.yaml"
 USER_FILE = Path("~/.config/quantize/gpus.yaml").expanduser()
-
-
-class PlanError(QuantizeError):
-    """The memory plan cannot be made (unknown GPU, unreadable model config, bad option)."""
 
 
 def _norm(name: str) -> str:

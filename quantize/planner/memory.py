@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from quantize.errors import PlanError
 from quantize.model.config import Shape, model_shape
-from quantize.planner.gpus import Gpu, PlanError
+from quantize.planner.gpus import Gpu
 from quantize.planner.kv import BLOCK, kv_bytes_per_token, request_bytes
 from quantize.planner.sources import load_source
 from quantize.planner.weights import (

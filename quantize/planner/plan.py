@@ -24,8 +24,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from quantize.errors import PlanError
 from quantize.model.config import Shape, model_shape
-from quantize.planner.gpus import PlanError
 from quantize.planner.kv import BLOCK, kv_bytes_per_token, kv_description, request_bytes
 from quantize.planner.levers import Lever, boundary, levers, margin
 from quantize.planner.memory import (

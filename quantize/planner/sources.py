@@ -14,10 +14,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from quantize.errors import QuantizeError, first_line
+from quantize.errors import PlanError, QuantizeError, first_line
 from quantize.model.config import CONFIG, ModelConfig, config_path, read_config
 from quantize.model.qconfig import without_quant_config
-from quantize.planner.gpus import PlanError
 from quantize.run.manifest import RunFolder
 from quantize.spec.paths import DATA_DIR
 

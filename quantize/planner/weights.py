@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from quantize.errors import QuantizeError
+from quantize.errors import PlanError, QuantizeError
 from quantize.model.config import ModelConfig
 from quantize.model.moe import expert_linears
 from quantize.model.qconfig import (
@@ -26,7 +26,6 @@ from quantize.model.qconfig import (
     read_quant_config,
     unsized_method,
 )
-from quantize.planner.gpus import PlanError
 from quantize.spec.recipe import Recipe
 from quantize.spec.schemes import SCHEMES
 

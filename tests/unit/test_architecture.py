@@ -181,3 +181,21 @@ def test_unit_tests_mirror_the_package() -> None:
     names = [p.name for p in tests.rglob("test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
     assert not [p for d in ("unit", "integration") for p in (tests / d).rglob("__init__.py")]
+
+
+def test_every_error_class_lives_in_errors_py() -> None:
+    """One home for errors: a class deriving from one of quantize/errors.py's classes (or
+    from Exception) anywhere else is a second home."""
+    errors_py = PACKAGE / "errors.py"
+    ours = {n.name for n in ast.parse(errors_py.read_text()).body if isinstance(n, ast.ClassDef)}
+    elsewhere = []
+    for name, path in _modules().items():
+        if path == errors_py:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
+                         for b in node.bases}
+                if bases & (ours | {"Exception", "BaseException"}):
+                    elsewhere.append(f"{name}.{node.name}")
+    assert elsewhere == [], f"error classes outside quantize/errors.py: {elsewhere}"

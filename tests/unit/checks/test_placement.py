@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from quantize.checks import placement, preflight, resources
-from quantize.checks.placement import GiB, PlacementError, choose_host, load_plan
-from quantize.errors import NotImplementedFeature
+from quantize.checks.placement import GiB, choose_host, load_plan
+from quantize.errors import NotImplementedFeature, PlacementError
 from quantize.model.config import ModelConfig
 from quantize.spec.recipe import load_recipe
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from quantize.checks import preflight, resources
-from quantize.checks.resources import GiB, ResourceError, check_memory
+from quantize.checks.resources import GiB, check_memory
+from quantize.errors import ResourceError
 from quantize.model.config import ModelConfig
 from quantize.spec.recipe import load_recipe
 

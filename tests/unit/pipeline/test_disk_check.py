@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from quantize.checks import preflight
-from quantize.checks.resources import DiskNeed, ResourceError, check_disk
+from quantize.checks.resources import DiskNeed, check_disk
+from quantize.errors import ResourceError
 from quantize.pipeline import disk
 from quantize.spec.recipe import load_recipe
 

@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quantize.cli import main
+from quantize.errors import PlanError
 from quantize.planner import plan as P
-from quantize.planner.gpus import PlanError, catalog, find
+from quantize.planner.gpus import catalog, find
 from quantize.spec.recipe import Recipe, available, load_recipe
 
 GIB = 1 << 30
