@@ -99,15 +99,18 @@ def run_pipeline(a: argparse.Namespace) -> dict[str, Any]:
 
     pipe = run(RunOptions(recipe=a.recipe, model=a.model, dataset=a.calib, out=Path(a.out),
                           until="export", device=a.device))
-    stages = pipe.manifest["stages"]
-    calib = stages["calibrate"]["summary"]
-    return {"tokens": calib["tokens"], "num_samples": calib["num_samples"],
-            "seq_len": calib["seq_len"], "calib_fingerprint": calib["fingerprint"],
-            "stage_s": {k: v["duration_s"] for k, v in stages.items()},
+    from quantize.run.results import CalibrationSummary
+
+    stages = pipe.manifest.stages
+    calib = pipe.manifest.result("calibrate", CalibrationSummary)
+    quant = stages["quantize"].summary
+    return {"tokens": calib.tokens, "num_samples": calib.num_samples,
+            "seq_len": calib.seq_len, "calib_fingerprint": calib.fingerprint,
+            "stage_s": {k: v.duration_s for k, v in stages.items()},
             # what the pipeline chose, so the row says which oneshot row it matches
-            "batch_size": stages["quantize"]["summary"].get("batch_size", 1),
-            "weights": stages["quantize"]["summary"].get("weights"),
-            "gpu_placement": pipe.facts.get("memory", {}).get("gpu_placement"),
+            "batch_size": quant.get("batch_size", 1),
+            "weights": quant.get("weights"),
+            "gpu_placement": (pipe.facts.memory or {}).get("gpu_placement"),
             **({"tf32": True, "offload_device": "cuda", "fast_hessian": True, "no_mask": True,
                 "sdpa": True} if a.device == "cuda" else {})}
 

@@ -10,6 +10,7 @@ from quantize.checks.formats import GpuTarget, check_shapes, gpu_notes
 from quantize.errors import PreflightError, QuantizeError, first_line
 from quantize.model.config import ModelConfig, build_hf_config
 from quantize.progress import info
+from quantize.run.manifest import PreflightFacts
 from quantize.spec.recipe import Override, Recipe
 from quantize.spec.schemes import SCHEMES
 
@@ -120,7 +121,7 @@ def build_meta(recipe: Recipe, config: ModelConfig) -> Any:
 
 
 def check(recipe: Recipe, config: ModelConfig, tp: int = 1, *,
-          model: Any = None, gpu: GpuTarget | None = None) -> dict[str, Any]:
+          model: Any = None, gpu: GpuTarget | None = None) -> PreflightFacts:
     """All pre-flight checks; returns the facts later stages need (resolved group size...).
 
     `tp` is the tensor-parallel size the export will be served with; `warnings` lists what
@@ -162,11 +163,8 @@ def check(recipe: Recipe, config: ModelConfig, tp: int = 1, *,
         warnings.append(moe_note)
     for w in warnings:
         info(f"[dim]note: {w}[/dim]")
-    facts: dict[str, Any] = {"group_size": group_size, "layers": len(layers), "tp": tp,
-                             "warnings": warnings}
-    if gpu is not None:
-        facts["gpu"] = {"name": gpu.name, "compute_capability": gpu.cc}
-    return facts
+    return PreflightFacts(group_size=group_size, layers=len(layers), tp=tp, warnings=warnings,
+                          gpu={"name": gpu.name, "compute_capability": gpu.cc} if gpu else None)
 
 
 def moe_kernel_warning(recipe: Recipe, config: ModelConfig, model: Any,

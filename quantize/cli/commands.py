@@ -70,11 +70,12 @@ def _finish(pipe: Any) -> None:
     """Print the summary; a failed gate exits non-zero with every failure named."""
     from quantize.cli.summary import print_summary
     from quantize.errors import GateFailed
+    from quantize.run.results import GateSummary
 
     print_summary(pipe)
-    if "gate" in pipe.keys and pipe.manifest.get("releasable") is False:
-        gate = pipe.manifest["stages"]["gate"]["summary"]
-        raise GateFailed(f"gate failed on {', '.join(gate['failures'])}; the run is marked "
+    if "gate" in pipe.keys and pipe.manifest.releasable is False:
+        gate = pipe.manifest.result("gate", GateSummary)
+        raise GateFailed(f"gate failed on {', '.join(gate.failures)}; the run is marked "
                          f"not releasable (details: {pipe.run_dir / 'gate' / 'gate.md'})")
 
 
@@ -92,7 +93,7 @@ def _run_folder(run_dir: Path, until: str, suite: str | None, rerun: tuple[str, 
     opts = RunOptions(recipe=m.recipe.ref or m.recipe.name, model=m.model.source,
                       dataset=m.dataset, out=run_dir, device=m.device or "auto", until=until,
                       suite=suite, rerun=rerun,
-                      tp=int((m.preflight or {}).get("tp", 1)),  # the tp the run was checked for
+                      tp=m.preflight.tp if m.preflight else 1,  # the tp the run was checked for
                       eval_engine=eval_engine)
     _finish(run(opts))
 
@@ -226,8 +227,8 @@ def validate_cmd(recipe: str, model: str | None, no_model: bool, tp: int,
 
     backends.check_model(r, ref.config)
     facts = preflight.check(r, ref.config, tp=tp, gpu=target_gpu(gpu))
-    click.echo(f"{r.name} on {ref.name}: pre-flight ok ({facts['layers']} layers to quantize"
-               + (f", group size {facts['group_size']}" if facts["group_size"] else "")
+    click.echo(f"{r.name} on {ref.name}: pre-flight ok ({facts.layers} layers to quantize"
+               + (f", group size {facts.group_size}" if facts.group_size else "")
                + (f", tp {tp})" if tp > 1 else ")"))
 
 

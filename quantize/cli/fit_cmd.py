@@ -141,7 +141,9 @@ def _costs(p: object, base_name: str, opts: FitRun,
     assert isinstance(p, Problem)
     run_dir = opts.out
     pipe = run(opts.options(base_name, "calibrate"))
-    calib = pipe.manifest["stages"]["calibrate"]["summary"]["fingerprint"]
+    from quantize.run.results import CalibrationSummary
+
+    calib = pipe.manifest.result("calibrate", CalibrationSummary).fingerprint
     key = SensitivityKey(calib, pipe.fingerprint(), p.base.scheme, p.units.group,
                          sorted({c.bits for u in p.units.units for c in u.choices}), n_tokens,
                          VERSION)
@@ -196,5 +198,5 @@ def _assign_and_run(p: object, costs: dict[str, dict[int, float]], measured: boo
                               "recovery")
     if plot:
         info(f"Pareto plot: {plot}")
-    if pipe.manifest.get("releasable") is False:
+    if pipe.manifest.releasable is False:
         raise GateFailed(f"gate failed; the run is marked not releasable ({run_dir}/gate)")

@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from quantize.progress import console, human_bytes
-from quantize.run.results import GateResult
+from quantize.run.results import ExportSummary, GateResult
 from quantize.stages import STAGES
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def print_gate(result: GateResult) -> None:
 
 
 def print_summary(pipe: Pipeline) -> None:
-    stages = pipe.manifest.get("stages", {})
+    stages = pipe.manifest.stages
     table = Table(title=f"run {pipe.run_dir}", show_lines=False)
     for col in ("stage", "status", "seconds", "result"):
         table.add_column(col)
@@ -48,18 +48,17 @@ def print_summary(pipe: Pipeline) -> None:
         entry = stages.get(name)
         if entry is None or name not in pipe.keys:
             continue
-        s = entry.get("summary", {})
+        s = entry.summary  # the one line each stage's result is known by
         result = s.get("verdict") or s.get("fingerprint", "")[:16] or s.get("format") or ""
-        table.add_row(name, entry.get("status", "?"), f"{entry.get('duration_s', 0):.1f}",
-                      str(result))
+        table.add_row(name, entry.status, f"{entry.duration_s:.1f}", str(result))
     console.print(table)
     gate_md = pipe.run_dir / "gate" / "gate.json"
     if "gate" in pipe.keys and gate_md.is_file():
         print_gate(GateResult.model_validate_json(gate_md.read_text()))
-    export = stages.get("export", {}).get("summary")
-    if export and "export" in pipe.keys:
+    export = pipe.manifest.stage("export")
+    if export is not None and "export" in pipe.keys:
         before = sum(p.stat().st_size for p in pipe.model.path.glob("*.safetensors"))
-        after = export["weights_bytes"]
+        after = export.result(ExportSummary).weights_bytes
         console.print(f"weights on disk: {human_bytes(before)} → {human_bytes(after)} "
                       f"({before / after:.2f}× smaller)")
         click.echo(str(pipe.run_dir / "export"))

@@ -51,7 +51,7 @@ def verify_cmd(target: Path, tp: int, kv_cache_dtype: str, vllm_python: Path | N
                    level=level, timeout_s=timeout_s, out=out, rerun=rerun)
     _print(s)
     if s.verdict != "pass":
-        raise VerifyError(f"{s.error if 'error' in s else 'verification failed'} "
+        raise VerifyError(f"{s.error or 'verification failed'} "
                           f"(report: {s.out}/verify.json)")
 
 

@@ -27,7 +27,15 @@ from quantize.model.source import (
 from quantize.pipeline import wiring
 from quantize.run import stage as run_stage
 from quantize.run.lock import run_lock
-from quantize.run.manifest import read_manifest, versions, write_manifest
+from quantize.run.manifest import (
+    Manifest,
+    ModelInfo,
+    PreflightFacts,
+    RecipeInfo,
+    RunFolder,
+    versions,
+)
+from quantize.run.results import GateSummary
 from quantize.spec.recipe import EvalSuite, Recipe, canonical_hash, load_recipe, resolve, suite_for
 from quantize.spec.yamlio import read_text
 from quantize.stages import STAGES
@@ -114,8 +122,8 @@ class Pipeline:
     model: ModelRef = field(init=False)
     run_dir: Path = field(init=False)
     device: str = field(init=False)
-    manifest: dict[str, Any] = field(init=False, default_factory=dict)
-    facts: dict[str, Any] = field(init=False, default_factory=dict)
+    manifest: Manifest = field(init=False, default_factory=Manifest)
+    facts: PreflightFacts = field(init=False, default_factory=PreflightFacts)
     keys: dict[str, str] = field(init=False, default_factory=dict)
     meta: Any = field(init=False, default=None)  # the meta-device model pre-flight built
     target_gpu: GpuTarget | None = field(init=False, default=None)  # --gpu, resolved
@@ -139,7 +147,8 @@ class Pipeline:
     # --- the driver -----------------------------------------------------------------------
     def run(self) -> None:
         with run_lock(self.run_dir, private=from_hub(self.model)):
-            self.manifest = read_manifest(self.run_dir)
+            folder = RunFolder(self.run_dir)
+            self.manifest = folder.read()
             # the engine installed and willing first (no model built for that)
             backends.check_model(self.recipe, self.model.config)
             # one meta-device model for pre-flight and the memory estimate (no weights read)
@@ -151,15 +160,16 @@ class Pipeline:
             if not self.opts.no_disk_check:  # a full disk refused now, not after hours
                 from quantize.pipeline import disk
 
-                self.facts |= disk.check(self, list(STAGES[: STAGES.index(self.opts.until) + 1]))
+                self.facts.disk_needed_bytes = disk.check(
+                    self, list(STAGES[: STAGES.index(self.opts.until) + 1]))
             self._record_header()
             for stage in STAGES[: STAGES.index(self.opts.until) + 1]:
                 self._stage(stage)
             self.fingerprint()  # a calibrate-only run records it too
-            gate = self.manifest["stages"].get("gate")
-            if "gate" in self.keys and gate:
-                self.manifest["releasable"] = gate["summary"]["verdict"] == "pass"
-            write_manifest(self.run_dir, self.manifest)
+            gate = self.manifest.stage("gate")
+            if "gate" in self.keys and gate is not None:
+                self.manifest.releasable = gate.result(GateSummary).verdict == "pass"
+            folder.write(self.manifest)
 
     def _start_fingerprint(self) -> None:
         """Hash the model's weights (16 GB for an 8B model: 4.6 s on the H200 host, the
@@ -187,7 +197,8 @@ class Pipeline:
         box.thread.join()
         if box.error is not None:
             raise box.error
-        self.manifest["model"]["fingerprint"] = box.value
+        assert self.manifest.model is not None  # the header is written before any stage
+        self.manifest.model.fingerprint = box.value
         return str(box.value)
 
     def suite(self) -> EvalSuite:
@@ -195,25 +206,24 @@ class Pipeline:
         return suite_for(self.recipe, self.opts.suite)
 
     def _record_header(self) -> None:
-        self.manifest.update({
-            "schema": 1,
-            "run": self.run_dir.name,
-            "model": {"source": self.model.source, "path": str(self.model.path),
-                      "fingerprint": None},  # filled in by fingerprint()
-            "recipe": {"name": self.recipe.name, "ref": _absolute(self.opts.recipe),
-                       "sha256": canonical_hash(self.recipe),
-                       "trust_remote_code": self.recipe.trust_remote_code},
-            "versions": versions(),
-            "device": self.device,
-            "dataset": _absolute(self.opts.dataset),
-            "preflight": self.facts,
-        })
+        m = self.manifest
+        m.run = self.run_dir.name
+        # the fingerprint is filled in by fingerprint()
+        m.model = ModelInfo(source=self.model.source, path=str(self.model.path),
+                            fingerprint=None)
+        m.recipe = RecipeInfo(name=self.recipe.name, ref=_absolute(self.opts.recipe),
+                              sha256=canonical_hash(self.recipe),
+                              trust_remote_code=self.recipe.trust_remote_code)
+        m.versions = versions()
+        m.device = self.device
+        m.dataset = _absolute(self.opts.dataset)
+        m.preflight = self.facts
         self._start_fingerprint()
 
     def _stage(self, name: str) -> None:
         inputs, execute = wiring.STAGE_PLANS[name](self)
         rerun = name in self.opts.rerun or "all" in self.opts.rerun
-        status = run_stage.status(name, self.manifest["stages"].get(name), inputs,
+        status = run_stage.status(name, self.manifest.stages.get(name), inputs,
                                   self.run_dir / name, rerun=rerun)
         if status.key is not None:
             self.keys[name] = status.key
@@ -221,9 +231,9 @@ class Pipeline:
         if not status.must_run:
             return
         record = run_stage.build(self.run_dir, name, inputs, lambda out: execute(out).to_json())
-        self.keys[name] = record["key"]
-        self.manifest["stages"][name] = record
-        write_manifest(self.run_dir, self.manifest)
+        self.keys[name] = record.key
+        self.manifest.stages[name] = record
+        RunFolder(self.run_dir).write(self.manifest)
 
 
 def run(opts: RunOptions) -> Pipeline:

@@ -26,6 +26,7 @@ from quantize.model.config import ModelConfig
 
 if TYPE_CHECKING:
     from quantize.pipeline.wiring import PipelineView
+    from quantize.run.manifest import Manifest
 
 KiB = 1024
 _WEIGHT_SUFFIX = ".safetensors"
@@ -43,23 +44,21 @@ _GATE = 4 * KiB
 _MANIFEST = 16 * KiB  # the run manifest, rewritten after each stage (old + new at the rename)
 
 
-def remaining(manifest: dict[str, Any], stages: list[str], rerun: tuple[str, ...], *,
+def remaining(manifest: Manifest, stages: list[str], rerun: tuple[str, ...], *,
               same_run: bool) -> list[str]:
     """The stages that will write: from the first one not recorded as done (or asked to
     re-run) on, since every later stage's key names the earlier ones. A folder that recorded
     another recipe or model (`same_run` false) re-runs everything. (A recorded stage whose
     inputs changed in another way is not foreseen; a full disk then still stops it with a
     one-line error, and the re-run resumes.)"""
-    recorded = manifest.get("stages") or {}
     for i, name in enumerate(stages):
-        entry = recorded.get(name)
-        if (not same_run or entry is None or entry.get("status") != "done" or name in rerun
+        if (not same_run or manifest.stage(name) is None or name in rerun
                 or "all" in rerun):
             return stages[i:]
     return []
 
 
-def check(pipe: PipelineView, stages: list[str]) -> dict[str, Any]:
+def check(pipe: PipelineView, stages: list[str]) -> dict[str, int] | None:
     """The disk pre-check of a pipeline run (quantize.pipeline.Pipeline) over `stages`:
     refuses (ResourceError, one line) or returns the facts for the manifest."""
     from quantize.checks.resources import check_disk
@@ -68,18 +67,18 @@ def check(pipe: PipelineView, stages: list[str]) -> dict[str, Any]:
     from quantize.stages.calibrate import resolve_spec
 
     m = pipe.manifest
-    same = ((m.get("recipe") or {}).get("sha256") == canonical_hash(pipe.recipe)
-            and (m.get("model") or {}).get("path") == str(pipe.model.path))
+    same = (m.recipe is not None and m.recipe.sha256 == canonical_hash(pipe.recipe)
+            and m.model is not None and m.model.path == str(pipe.model.path))
     todo = remaining(m, stages, pipe.opts.rerun, same_run=same)
     if not todo:
-        return {}
+        return None
     spec, _ = resolve_spec(pipe.recipe, pipe.opts.dataset)
     metrics = len(pipe.suite().metrics) if "eval" in todo else 0
     return check_disk(needs(
         stages=todo, run_dir=pipe.run_dir, cache=cache_root(), model_dir=pipe.model.path,
         meta=pipe.meta, recipe=pipe.recipe, config=pipe.model.config,
-        group=pipe.facts.get("group_size"), device=pipe.device,
-        calibration=(spec.num_samples, spec.seq_len), metrics=metrics))
+        group=pipe.facts.group_size, device=pipe.device,
+        calibration=(spec.num_samples, spec.seq_len), metrics=metrics))["disk_needed_bytes"]
 
 
 def side_files(model_dir: Path) -> int:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from quantize.model.source import ModelRef
 from quantize.progress import info, step
 from quantize.run.files import sha256_file
-from quantize.run.manifest import ExportManifest
+from quantize.run.manifest import ExportManifest, Manifest, PreflightFacts
 from quantize.run.results import (
     CalibrationSummary,
     EvalSummary,
@@ -49,8 +49,8 @@ class PipelineView(Protocol):
     model: ModelRef
     run_dir: Path
     device: str
-    manifest: dict[str, Any]
-    facts: dict[str, Any]
+    manifest: Manifest
+    facts: PreflightFacts
     keys: dict[str, str]
     meta: Any
 
@@ -87,12 +87,12 @@ def quantize(pipe: PipelineView) -> Plan:
 
     recipe = pipe.recipe
     quant_part = recipe.model_dump(mode="json", exclude={"description", "calibration", "eval"})
-    calib = pipe.manifest["stages"]["calibrate"]["summary"]
+    calib = pipe.manifest.result("calibrate", CalibrationSummary)
     # deferred: the quantize stage runs while the model is hashed (see _start_fingerprint)
-    model = {"source": pipe.manifest["model"]["source"], "fingerprint": pipe.fingerprint}
+    model = {"source": pipe.model.source, "fingerprint": pipe.fingerprint}
     inputs = {"recipe": canonical_hash(quant_part), "model": model,
-              "calibration": calib["fingerprint"], "group_size": pipe.facts["group_size"],
-              "device": pipe.device, "versions": pipe.manifest["versions"]}
+              "calibration": calib.fingerprint, "group_size": pipe.facts.group_size,
+              "device": pipe.device, "versions": pipe.manifest.versions}
 
     def execute(out: Path) -> QuantizeSummary:
         from quantize.backends.distributed import check_samples, shares
@@ -109,11 +109,11 @@ def quantize(pipe: PipelineView) -> Plan:
         # before the model is loaded: refuse, or pick where it lives on a GPU and, when
         # host RAM is short, which weights go to disk
         offload_dir = pipe.run_dir / ".offload"
-        mem = pipe.facts["memory"] = check_memory(
+        mem = pipe.facts.memory = check_memory(
             pipe.meta, recipe, pipe.model.config, pipe.device, share, batch,
             world_size=gpus, offload_dir=offload_dir)
         disk = mem["host_tier"] == "disk"
-        job = QuantizeJob(pipe.model.path, recipe, pipe.facts["group_size"], samples,
+        job = QuantizeJob(pipe.model.path, recipe, pipe.facts.group_size, samples,
                           pipe.device, batch,
                           placement=mem.get("gpu_placement", "resident"), world_size=gpus,
                           host_tier=mem["host_tier"],
@@ -139,12 +139,12 @@ def export(pipe: PipelineView) -> Plan:
               "recipe_text": canonical_hash({"text": pipe.recipe_text})}
 
     def execute(out: Path) -> ExportSummary:
-        stages = {k: {f: v[f] for f in ("started", "ended", "duration_s")}
-                  for k, v in pipe.manifest["stages"].items() if k in ("calibrate", "quantize")}
-        meta = ExportManifest.model_validate(
-            {**{k: pipe.manifest[k] for k in ("model", "recipe", "versions", "device")},
-             "calibration": pipe.manifest["stages"]["calibrate"]["summary"],
-             "stages": stages})
+        m = pipe.manifest
+        stages = {k: {"started": v.started, "ended": v.ended, "duration_s": v.duration_s}
+                  for k, v in m.stages.items() if k in ("calibrate", "quantize")}
+        meta = ExportManifest(model=m.model, recipe=m.recipe, versions=m.versions,
+                              device=m.device, calibration=m.stages["calibrate"].summary,
+                              stages=stages)
         with step(f"writing export to {pipe.run_dir / 'export'}"):
             return stage.run(pipe.run_dir / "quantize", pipe.recipe_text, meta, out)
 
@@ -175,7 +175,7 @@ def eval(pipe: PipelineView) -> Plan:
         if not export.is_dir():
             raise EvalError(f"{export} is missing; run the export stage first")
         return stage.run(export, pipe.model.path, pipe.fingerprint(), suite,
-                         pipe.device, pipe.manifest["versions"], out, choice)
+                         pipe.device, pipe.manifest.versions, out, choice)
 
     return inputs, execute
 

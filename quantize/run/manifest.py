@@ -56,6 +56,21 @@ class RecipeInfo(_Record):
     trust_remote_code: bool = False
 
 
+class PreflightFacts(_Record):
+    """What the checks before calibration found and later stages read (the manifest's
+    `preflight`): the resolved group size, the layers to quantize, the tensor-parallel size
+    checked, the warnings, the GPU named with --gpu, the disk the remaining stages need, and
+    (set by the quantize stage) where the model lives (checks.resources.check_memory)."""
+
+    group_size: int | None = None
+    layers: int = 0
+    tp: int = 1
+    warnings: list[str] = Field(default_factory=list)
+    gpu: dict[str, Json] | None = None
+    disk_needed_bytes: dict[str, int] | None = None
+    memory: dict[str, Json] | None = None
+
+
 class StageRecord(_Record):
     """One finished stage: its key (sha256 of its inputs), the inputs themselves, timings,
     the sha256 of every output file and the stage's own summary."""
@@ -73,6 +88,10 @@ class StageRecord(_Record):
     def done(self) -> bool:
         return self.status == "done"
 
+    def result(self, model: type[M]) -> M:
+        """The stage's summary as its typed result (quantize.run.results)."""
+        return model.model_validate(self.summary)
+
 
 class Manifest(_Record):
     schema_: int = Field(default=SCHEMA, alias="schema")
@@ -82,7 +101,7 @@ class Manifest(_Record):
     versions: dict[str, str] = Field(default_factory=dict)
     device: str | None = None
     dataset: str | None = None
-    preflight: dict[str, Json] | None = None
+    preflight: PreflightFacts | None = None
     stages: dict[str, StageRecord] = Field(default_factory=dict)
     releasable: bool | None = None
 
@@ -90,6 +109,14 @@ class Manifest(_Record):
         """The stage's record when it finished, else None."""
         rec = self.stages.get(name)
         return rec if rec is not None and rec.done else None
+
+    def result(self, name: str, model: type[M]) -> M:
+        """A finished stage's summary, typed; a one-line error when the stage has not run."""
+        rec = self.stage(name)
+        if rec is None:
+            raise ExportError(f"the run has no finished {name} stage; run it first "
+                              "(quantize run, or the stage's own command)")
+        return rec.result(model)
 
     def to_json(self) -> dict[str, Json]:
         data = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
@@ -181,16 +208,6 @@ class RunFolder:
         except ExportError:
             return None
         return rec
-
-
-# --- the dict view, for code that still builds the manifest as JSON ---------------------
-def read_manifest(run_dir: Path) -> dict[str, Json]:
-    """The run's manifest as JSON (validated through Manifest first)."""
-    return RunFolder(run_dir).read().to_json()
-
-
-def write_manifest(run_dir: Path, manifest: dict[str, Json]) -> None:
-    RunFolder(run_dir).write(Manifest.model_validate(manifest))
 
 
 def versions() -> dict[str, str]:

@@ -4,8 +4,7 @@ eval.json and gate.json, and the gate's result.
 
 Each model is the JSON its file holds: `to_json()` writes exactly the keys that were set
 (a key absent from a file stays absent, a null stays null) and unknown keys are kept, so a
-file written before a field existed reads and rewrites unchanged. `record["key"]` reads a
-field by its JSON name, for callers that still treat a result as its file.
+file written before a field existed reads and rewrites unchanged.
 """
 
 from __future__ import annotations
@@ -31,15 +30,6 @@ class Record(BaseModel):
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(exclude_unset=True)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.to_json()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.to_json().get(key, default)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.to_json()
 
 
 # --- the summaries the stages hand the manifest -------------------------------------------

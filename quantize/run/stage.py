@@ -19,11 +19,11 @@ from quantize.errors import ExportError
 from quantize.progress import info
 from quantize.run.files import atomic_dir, check_tree, hash_tree, now, pause_point
 from quantize.run.lock import run_lock
-from quantize.run.manifest import RunFolder, write_manifest
+from quantize.run.manifest import RunFolder, StageRecord
 from quantize.spec.recipe import canonical_hash
 
 Inputs = dict[str, Any]  # JSON values; a zero-argument callable is resolved when needed
-Execute = Callable[[Path], dict[str, Any]]
+Execute = Callable[[Path], dict[str, Any]]  # the stage's summary as the manifest keeps it
 Reason = Literal["rerun", "no-result", "inputs-changed", "outputs-changed", "up-to-date"]
 
 
@@ -66,28 +66,28 @@ def resolved(inputs: Inputs) -> Inputs:
             for k, v in inputs.items()}
 
 
-def status(name: str, entry: dict[str, Any] | None, inputs: Inputs, out: Path, *,
+def status(name: str, entry: StageRecord | None, inputs: Inputs, out: Path, *,
            rerun: bool) -> Status:
     """Why the stage must run, or up-to-date. Deferred inputs are resolved (waited for) only
     when there is a finished result to compare them with."""
     if rerun:
         return Status("rerun")
-    if entry is None or entry.get("status") != "done":
+    if entry is None or not entry.done:
         return Status("no-result")
     now_inputs = resolved(inputs)
     key = canonical_hash(now_inputs)
-    if entry.get("key") != key:
-        old = entry.get("inputs", {})
+    if entry.key != key:
+        old = entry.inputs
         changed = sorted(k for k in set(old) | set(now_inputs) if old.get(k) != now_inputs.get(k))
         return Status("inputs-changed", key, tuple(changed))
     try:
-        check_tree(out, entry.get("outputs", {}), name)
+        check_tree(out, entry.outputs, name)
     except ExportError as exc:
         return Status("outputs-changed", key, detail=str(exc))
     return Status("up-to-date", key)
 
 
-def build(run_dir: Path, name: str, inputs: Inputs, execute: Execute) -> dict[str, Any]:
+def build(run_dir: Path, name: str, inputs: Inputs, execute: Execute) -> StageRecord:
     """Run the stage into `run_dir/name` (atomically) and return its manifest record."""
     out = run_dir / name
     started, t0 = now(), time.perf_counter()
@@ -97,24 +97,25 @@ def build(run_dir: Path, name: str, inputs: Inputs, execute: Execute) -> dict[st
         pause_point(f"{name}:written")
     pause_point(f"{name}:renamed")  # folder in place, manifest entry not yet written
     inputs = resolved(inputs)  # a deferred input (the model fingerprint) is ready by now
-    return {"key": canonical_hash(inputs), "inputs": inputs, "status": "done",
-            "started": started, "ended": now(), "duration_s": round(time.perf_counter() - t0, 2),
-            "outputs": hash_tree(out), "summary": summary}
+    return StageRecord(key=canonical_hash(inputs), inputs=inputs, status="done",
+                       started=started, ended=now(),
+                       duration_s=round(time.perf_counter() - t0, 2), outputs=hash_tree(out),
+                       summary=summary)
 
 
 def record_stage(run_dir: Path, name: str, inputs: Inputs, execute: Execute, *,
-                 rerun: bool = False) -> tuple[Status, dict[str, Any]]:
+                 rerun: bool = False) -> tuple[Status, StageRecord]:
     """Run one stage of an existing run folder on its own (under the run lock) and record
-    it, or reuse its recorded result when nothing changed. Returns (status, summary)."""
+    it, or reuse its recorded result when nothing changed. Returns (status, its record)."""
     folder = RunFolder(run_dir)
     with run_lock(run_dir):
-        manifest = folder.read().to_json()
-        entry = manifest["stages"].get(name)
+        manifest = folder.read()
+        entry = manifest.stages.get(name)
         st = status(name, entry, inputs, run_dir / name, rerun=rerun)
         announce(name, st)
         if not st.must_run and entry is not None:
-            return st, dict(entry.get("summary") or {})
+            return st, entry
         record = build(run_dir, name, inputs, execute)
-        manifest["stages"][name] = record
-        write_manifest(run_dir, manifest)
-        return st, dict(record["summary"])
+        manifest.stages[name] = record
+        folder.write(manifest)
+        return st, record

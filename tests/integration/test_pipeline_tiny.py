@@ -78,7 +78,7 @@ def test_every_recipe_exports_a_loadable_checkpoint(recipe: str, tiny_model: Pat
                              "FP8_DYNAMIC": 8, "NVFP4": 4, "NVFP4A16": 4, "MXFP4": 4,
                              "MXFP4A16": 4}[r.scheme]
     if r.group_size:  # `auto`: what pre-flight resolved for this model
-        group = pipe.facts["group_size"] if r.group_size == "auto" else r.group_size
+        group = pipe.facts.group_size if r.group_size == "auto" else r.group_size
         assert isinstance(group, int)
         assert (w["strategy"], w["group_size"]) == ("group", group)
     assert (qc["kv_cache_scheme"] is not None) == (r.kv_cache == "fp8")
@@ -88,7 +88,7 @@ def test_every_recipe_exports_a_loadable_checkpoint(recipe: str, tiny_model: Pat
     manifest = json.loads((export / "manifest.json").read_text())
     assert set(manifest["files"]) == {p.name for p in export.iterdir()} - {"manifest.json"}
     assert manifest["calibration"]["fingerprint"] == \
-        pipe.manifest["stages"]["calibrate"]["summary"]["fingerprint"]
+        pipe.manifest.stages["calibrate"].summary["fingerprint"]
     assert not [p for p in export.iterdir() if p.suffix in (".bin", ".pt")]
     # reloads through transformers + compressed-tensors and stays close to the original
     ids = torch.tensor([[1, 504, 3458, 314, 253, 1345, 30, 378, 9621, 282, 253, 2634]])

@@ -74,12 +74,12 @@ def card_inputs(run: RunFiles, base: BaseInfo, repo_id: str, forced: bool,
     em, m = run.export_manifest, run.manifest
     calibrate = m.stage("calibrate")
     calibration = em.calibration or (calibrate.summary if calibrate else None)
-    preflight = m.preflight or {}
     return CardInputs(
         repo_id=repo_id, run=m.run or run.dir.name, base=base, recipe=run.recipe,
         recipe_text=run.recipe_text, config=run.config,
         calibration=Calibration.read(calibration), versions=em.versions or m.versions,
-        group_size=preflight.get("group_size") or None, layers=preflight.get("layers") or None,
+        group_size=m.preflight.group_size if m.preflight else None,
+        layers=(m.preflight.layers or None) if m.preflight else None,
         weights_bytes=sum(p.stat().st_size for p in run.export.glob("*.safetensors")),
         has_chat_template=_has_chat_template(run.export), eval=run.eval, gate=run.gate,
         verify=run.verify, forced=forced, force_reason=run.refusal, extra_files=extra_files)

@@ -126,7 +126,7 @@ def test_verify_tp_reaches_vllm_tensor_parallel_size(monkeypatch: pytest.MonkeyP
 
     host = capabilities.Host(None, device="cuda")
     req = verify.engine_request(tmp_path, [[1, 2]], host, 4, "auto")
-    assert req["tp"] == 4
+    assert req.tp == 4
     assert "--tensor-parallel-size 4" in verify.serve_command(tmp_path, req, host)
 
     seen: dict[str, object] = {}
@@ -145,5 +145,5 @@ def test_verify_tp_reaches_vllm_tensor_parallel_size(monkeypatch: pytest.MonkeyP
     for var in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ALLOW_INSECURE_SERIALIZATION"):
         monkeypatch.setenv(var, "1")  # generate() setdefaults them; restored afterwards
     with pytest.raises(RuntimeError, match="stop after"):
-        vllm_worker.generate(req)
+        vllm_worker.generate(req.to_json())  # type: ignore[arg-type]  # the JSON it reads
     assert seen["tensor_parallel_size"] == 4

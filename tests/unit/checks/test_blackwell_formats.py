@@ -165,11 +165,11 @@ def test_fp4_group_must_divide_every_input() -> None:
 
 def test_gpu_flag_warns_for_a_fallback_and_refuses_no_kernel() -> None:
     facts = preflight.check(load_recipe("nvfp4"), SMOL, gpu=GpuTarget("a100-80gb", 80))
-    note = next(w for w in facts["warnings"] if "NVFP4" in w)
+    note = next(w for w in facts.warnings if "NVFP4" in w)
     assert "not native on a100-80gb (sm_80" in note and "FP4 Marlin, weight-only" in note
-    assert "W4A16" in note and facts["gpu"] == {"name": "a100-80gb", "compute_capability": 80}
+    assert "W4A16" in note and facts.gpu == {"name": "a100-80gb", "compute_capability": 80}
     assert not preflight.check(load_recipe("nvfp4"), SMOL,
-                               gpu=GpuTarget("rtx5090", 120))["warnings"]
+                               gpu=GpuTarget("rtx5090", 120)).warnings
     with pytest.raises(PreflightError) as info:
         preflight.check(load_recipe("mxfp4a16"), SMOL, gpu=GpuTarget("t4", 75))
     assert (info.value.problem or "").startswith("MXFP4A16 (")

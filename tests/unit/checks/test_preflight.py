@@ -40,14 +40,14 @@ def recipe(**over: Any) -> Recipe:
 
 def test_default_shape_passes_and_reports_marlin_padding() -> None:
     facts = preflight.check(recipe(), llama())
-    assert facts["group_size"] == 64 and facts["tp"] == 1
-    assert facts["layers"] == 2 * 7
+    assert facts.group_size == 64 and facts.tp == 1
+    assert facts.layers == 2 * 7
     # 576 is neither N%64&K%128 nor N%128&K%64 for q_proj (N=K=576): Marlin pads it.
-    assert any("Marlin" in w and "q_proj" in w for w in facts["warnings"])
+    assert any("Marlin" in w and "q_proj" in w for w in facts.warnings)
 
 
 def test_old_signature_still_works() -> None:
-    assert preflight.check(recipe(), llama())["group_size"] == 64
+    assert preflight.check(recipe(), llama()).group_size == 64
 
 
 def test_group_size_must_divide_every_layer() -> None:
@@ -74,7 +74,7 @@ def test_tp_must_split_or_replicate_kv_heads() -> None:
 def test_tp_replicating_kv_heads_is_fine() -> None:
     cfg = llama(num_attention_heads=8, num_key_value_heads=2, hidden_size=512,
                 intermediate_size=1536, head_dim=64)
-    assert preflight.check(recipe(), cfg, tp=4)["tp"] == 4
+    assert preflight.check(recipe(), cfg, tp=4).tp == 4
 
 
 def test_tp_must_divide_sharded_dimension() -> None:
@@ -90,7 +90,7 @@ def test_group_times_tp_must_divide_row_parallel_inputs() -> None:
     # down_proj's input (1280) is sharded: 1280 / 4 = 320 per rank, not a multiple of 128.
     cfg = llama(num_attention_heads=8, num_key_value_heads=4, hidden_size=512, head_dim=64,
                 intermediate_size=1280)
-    assert preflight.check(recipe(group_size=128), cfg, tp=1)["group_size"] == 128
+    assert preflight.check(recipe(group_size=128), cfg, tp=1).group_size == 128
     err = refusal(recipe(group_size=128), cfg, tp=4)
     assert err.problem is not None and ("down_proj has in_features 1280, 320 per rank, which "
                                         "group_size 128 does not divide") in err.problem
@@ -99,13 +99,13 @@ def test_group_times_tp_must_divide_row_parallel_inputs() -> None:
 
 def test_group_size_outside_marlin_set_warns() -> None:
     facts = preflight.check(recipe(group_size=16), llama())
-    assert any("group_size [16]" in w for w in facts["warnings"])
+    assert any("group_size [16]" in w for w in facts.warnings)
 
 
 def test_marlin_friendly_shapes_give_no_warning() -> None:
     cfg = llama(num_attention_heads=8, num_key_value_heads=8, hidden_size=512, head_dim=64,
                 intermediate_size=1024)
-    assert preflight.check(recipe(group_size=128), cfg, tp=2)["warnings"] == []
+    assert preflight.check(recipe(group_size=128), cfg, tp=2).warnings == []
 
 
 def test_fused_qkv_shards_need_one_scheme() -> None:
@@ -127,7 +127,7 @@ def test_fused_shards_ignored_alone_are_refused() -> None:
 def test_fused_shards_overridden_together_pass() -> None:
     r = recipe(overrides=[Override(targets=["re:.*(gate|up)_proj$"], scheme="W8A16",
                                    group_size=64)])
-    assert preflight.check(r, llama())["layers"] == 14
+    assert preflight.check(r, llama()).layers == 14
 
 
 def test_tied_embeddings_refuse_quantized_lm_head() -> None:
@@ -167,7 +167,7 @@ def test_config_without_architectures_is_refused() -> None:
 def test_architecture_unknown_to_vllm_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     registry = '_TEXT_GENERATION_MODELS = {\n    "LlamaForCausalLM": ("llama", "Llama"),\n}'
     monkeypatch.setattr(preflight, "_vllm_registry_text", lambda: ("0.32.0", registry))
-    assert preflight.check(recipe(), llama())["layers"] == 14
+    assert preflight.check(recipe(), llama()).layers == 14
     err = refusal(recipe(), llama(architectures=["MyLlamaForCausalLM"]))
     assert err.problem is not None and err.problem.startswith(
         "architecture MyLlamaForCausalLM is not in vLLM 0.32.0's model registry")
@@ -204,7 +204,7 @@ def test_override_without_group_size_inherits_the_recipes() -> None:
     from quantize.backends.llmcompressor import config_groups
 
     r = recipe(overrides=[Override(targets=[QKV], scheme="W8A16")])
-    assert preflight.check(r, llama())["group_size"] == 64
+    assert preflight.check(r, llama()).group_size == 64
     schemes = preflight.layer_schemes(preflight.meta_model(llama()), r, 64)
     q = next(s for s in schemes if s.layer.name.endswith("layers.0.self_attn.q_proj"))
     assert (q.scheme, q.group_size) == ("W8A16", 64)
@@ -232,7 +232,7 @@ def test_override_inheriting_a_group_size_that_does_not_divide_is_refused() -> N
     assert err.hint == "give the override a group_size that divides its layers (64, 32, 16)"
     ok = r.model_copy(update={"overrides": [Override(targets=[QKV], scheme="W4A16",
                                                      group_size=64)]})
-    assert preflight.check(ok, llama())["layers"] == 14
+    assert preflight.check(ok, llama()).layers == 14
 
 
 def test_override_own_group_size_must_divide_its_layers() -> None:
@@ -267,4 +267,4 @@ def test_a_moe_layers_experts_need_one_scheme() -> None:
     whole = recipe(ignore=["lm_head", "re:.*mlp.gate$"],
                    overrides=[Override(targets=[r"re:.*mlp\.experts\.\d+\."],
                                        scheme="W8A16", group_size=64)])
-    assert preflight.check(whole, moe)["layers"] > 0  # all of them together pass
+    assert preflight.check(whole, moe).layers > 0  # all of them together pass

@@ -213,20 +213,20 @@ def test_gate_blocks_a_planted_nan_scale(tmp_path: Path) -> None:
     export = _write_experts(tmp_path / "export", torch.full((8, 1), 0.01))
     _coverage(export, [3, 1, 2, 2], all_experts=False)
     row = expert_coverage(export)
-    assert row is not None and row["candidate"] == 1.0
-    assert gate.decide([row])["verdict"] == "pass"
+    assert row is not None and row.candidate == 1.0
+    assert gate.decide([row]).verdict == "pass"
     t = load_file(str(export / "model.safetensors"))
     t["model.layers.0.mlp.experts.3.down_proj.weight_scale"][5, 0] = float("nan")
     save_file(t, str(export / "model.safetensors"))
     row = expert_coverage(export)
-    assert row is not None and row["candidate"] == 0.0
-    assert row["details"]["problems"] == [
+    assert row is not None and row.candidate == 0.0
+    assert row.details.problems == [
         "model.layers.0.mlp.experts.3.down_proj.weight_scale: NaN/Inf scales"]
     result = gate.decide([row])
-    assert (result["verdict"], result["failures"], result["releasable"]) == \
+    assert (result.verdict, result.failures, result.releasable) == \
         ("fail", ["expert_coverage"], False)
     # the gate re-judges with the suite's rules: a row the suite does not define keeps its own
-    assert gate.with_rules({"metrics": [row]}, {})["metrics"][0]["on_fail"] == "block"
+    assert gate.with_rules({"metrics": [row]}, {}).metrics[0].on_fail == "block"
 
 
 def test_gate_blocks_an_expert_never_calibrated(tmp_path: Path) -> None:
@@ -238,12 +238,12 @@ def test_gate_blocks_an_expert_never_calibrated(tmp_path: Path) -> None:
     _coverage(export, [4, 0, 2, 2], all_experts=False)  # expert 1: no token, no all-expert run
     row = expert_coverage(export)
     assert row is not None
-    assert gate.decide([row])["failures"] == ["expert_coverage"]
-    assert row["details"]["problems"] == [
+    assert gate.decide([row]).failures == ["expert_coverage"]
+    assert row.details.problems == [
         "model.layers.0.mlp.experts.1: never calibrated (no routed token)"]
     _coverage(export, [4, 0, 2, 2], all_experts=True)  # every expert saw every token
     row = expert_coverage(export)
-    assert row is not None and gate.decide([row])["verdict"] == "pass"
+    assert row is not None and gate.decide([row]).verdict == "pass"
     text = " ".join(expert_coverage_lines(row))
     assert "min 0, median 2, max 4" in text and "1 expert(s) got none" in text
 

@@ -53,7 +53,10 @@ def test_real_free_space_passes_a_small_need(tmp_path: Path) -> None:
 ])
 def test_remaining_stages(stages: dict[str, str], rerun: tuple[str, ...], same: bool,
                           want: list[str]) -> None:
-    manifest = {"stages": {k: {"status": v} for k, v in stages.items()}}
+    from quantize.run.manifest import Manifest
+
+    manifest = Manifest.model_validate(
+        {"stages": {k: {"key": "k", "status": v} for k, v in stages.items()}})
     assert disk.remaining(manifest, STAGES, rerun, same_run=same) == want
 
 
@@ -66,7 +69,7 @@ def test_export_weights_come_from_the_planner(tiny_model: Path) -> None:
     config = read_config(tiny_model)
     recipe = load_recipe("gptq-int4")
     meta = preflight.build_meta(recipe, config)
-    group = preflight.check(recipe, config, model=meta)["group_size"]
+    group = preflight.check(recipe, config, model=meta).group_size
     got = disk.export_weight_bytes(meta, recipe, config, group)
     assert abs(got - 12_746_208) / 12_746_208 < 0.01
 

@@ -6,7 +6,7 @@ import pytest
 
 from quantize.errors import ExportError
 from quantize.run.files import atomic_dir, atomic_write_json, check_tree, hash_tree, tmp_dir_for
-from quantize.run.manifest import read_manifest
+from tests.fixtures.manifests import read_manifest
 
 
 def test_atomic_write_replaces_whole_file(tmp_path: Path) -> None:

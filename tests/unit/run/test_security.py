@@ -14,7 +14,7 @@ from quantize.model.source import DEFAULT_MODEL, ModelRef
 from quantize.pipeline import from_hub
 from quantize.run.files import hash_tree
 from quantize.run.lock import run_lock
-from quantize.run.manifest import read_manifest, write_manifest
+from tests.fixtures.manifests import read_manifest, write_manifest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
 from test_publish import dry, make_run

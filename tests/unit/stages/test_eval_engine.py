@@ -185,13 +185,13 @@ def test_vllm_engine_scores_as_the_hf_engine_and_passes_tp(
     assert seen[0]["max_model_len"] == 512  # the longest window, every position of it
     want = hf_evaluate(tiny_model, suite, "cpu", "reference")
     for name in ("ppl", "long"):
-        assert got[name]["n"] == want[name]["n"]
-        assert got[name]["value"] == pytest.approx(want[name]["value"], rel=1e-4)
-        assert got[name]["per_window_nll"] == pytest.approx(want[name]["per_window_nll"],
+        assert got[name].n == want[name].n
+        assert got[name].value == pytest.approx(want[name].value, rel=1e-4)
+        assert got[name].per_window_nll == pytest.approx(want[name].per_window_nll,
                                                             rel=1e-4)
-    assert got["long"]["n"] == 2 * (512 - 384)  # two disjoint windows, the last 128 of each
-    assert got["gk"]["per_example"] == want["gk"]["per_example"]
-    assert got["gk"]["n"] == 6
+    assert got["long"].n == 2 * (512 - 384)  # two disjoint windows, the last 128 of each
+    assert got["gk"].per_example == want["gk"].per_example
+    assert got["gk"].n == 6
     assert metrics.tail_windows(1100, 512, 384) == [(0, 512, 128), (512, 1024, 128)]
 
 

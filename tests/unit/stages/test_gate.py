@@ -27,36 +27,36 @@ def test_pass_fail_warn_and_all_failures_listed() -> None:
         row("acc_b", 0.5, 0.2, 0.9, on_fail="warn"),  # fails, but only warns
         row("acc_c", 0.4, 0.1, 0.8),  # second blocking failure
     ])
-    assert result["verdict"] == "fail" and result["releasable"] is False
-    assert result["failures"] == ["acc_a", "acc_c"]
-    assert result["warnings"] == ["acc_b"]
-    assert [r["verdict"] for r in result["rows"]] == ["pass", "fail", "warn", "fail"]
+    assert result.verdict == "fail" and result.releasable is False
+    assert result.failures == ["acc_a", "acc_c"]
+    assert result.warnings == ["acc_b"]
+    assert [r.verdict for r in result.rows] == ["pass", "fail", "warn", "fail"]
     md = markdown(result)
     assert "# Gate: FAIL" in md and "acc_a, acc_c" in md
 
 
 def test_all_pass() -> None:
     result = decide([row("acc", 0.5, 0.5, 0.95), row("ppl", 10, 10.2, 0.95, "lower_is_better")])
-    assert result["verdict"] == "pass" and result["releasable"] and not result["failures"]
+    assert result.verdict == "pass" and result.releasable and not result.failures
 
 
 def test_noise_never_flips_a_verdict_silently() -> None:
     # 1 point short of the threshold, with 3 points of paired noise: still fails, and says so
     r = judge(row("acc", 0.50, 0.44, 0.9, diff_se=0.03))
-    assert r["verdict"] == "fail" and "within noise" in r["note"]
+    assert r.verdict == "fail" and "within noise" in r.note
     # 1 point above with the same noise: passes, marked as within noise
     r = judge(row("acc", 0.50, 0.46, 0.9, diff_se=0.03))
-    assert r["verdict"] == "pass" and "pass within noise" in r["note"]
+    assert r.verdict == "pass" and "pass within noise" in r.note
     # far below: a plain failure
     r = judge(row("acc", 0.50, 0.20, 0.9, diff_se=0.03))
-    assert r["verdict"] == "fail" and r["note"] == ""
+    assert r.verdict == "fail" and r.note == ""
 
 
 def test_perplexity_noise_is_in_log_units() -> None:
     # needs log(c) <= log(b) - log(t): margin = log(10) - log(0.9) - log(11.2) = -0.0077
     r = judge(row("ppl", 10.0, 11.2, 0.9, "lower_is_better", diff_se=0.01))
-    assert r["verdict"] == "fail" and "within noise" in r["note"]
-    assert r["recovery"] == pytest.approx(10 / 11.2)
+    assert r.verdict == "fail" and "within noise" in r.note
+    assert r.recovery == pytest.approx(10 / 11.2)
 
 
 def test_paired_se() -> None:

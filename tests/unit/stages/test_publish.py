@@ -24,9 +24,9 @@ from quantize.errors import PublishError
 from quantize.model.config import ModelConfig
 from quantize.report.card import default_repo_name, kv_bytes_per_token
 from quantize.run.files import hash_tree
-from quantize.run.manifest import read_manifest, write_manifest
 from quantize.spec.recipe import load_recipe
 from quantize.stages.publish import PublishOptions, publish, redact
+from tests.fixtures.manifests import read_manifest, write_manifest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from fixtures.hub import write_eval_gate

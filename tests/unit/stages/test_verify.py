@@ -181,22 +181,22 @@ def _vllm(*steps: tuple[int, float]) -> dict[str, Any]:
 
 def test_compare_identical_passes() -> None:
     m = V.compare([_vllm((1, -0.1), (2, -0.2))], [_rows((1, -0.1), (2, -0.2))], V.Thresholds())
-    assert m["agreement"] == 1.0 and m["mean_abs_dlogprob"] == 0 and not m["failures"]
-    assert m["greedy_prefix_match"] == [2]
+    assert m.agreement == 1.0 and m.mean_abs_dlogprob == 0 and not m.failures
+    assert m.greedy_prefix_match == [2]
 
 
 def test_compare_near_tie_disagreement_is_tolerated() -> None:
     rows = _rows((1, -0.5), (2, -0.1))
     rows[1, 3] = -0.05  # transformers prefers token 3 by 0.05 nats over vLLM's token 2
     m = V.compare([_vllm((1, -0.5), (2, -0.1))], [rows], V.Thresholds(min_agreement=0.5))
-    assert m["agreement"] == 0.5 and m["greedy_prefix_match"] == [1] and not m["failures"]
+    assert m.agreement == 0.5 and m.greedy_prefix_match == [1] and not m.failures
 
 
 def test_compare_real_disagreement_fails() -> None:
     rows = _rows((1, -0.1), (5, -0.01))  # vLLM's token 2 sits at -8 nats in transformers
     m = V.compare([_vllm((1, -0.1), (2, -0.1))], [rows], V.Thresholds(min_agreement=0.5))
-    assert any("not near-ties" in f for f in m["failures"])
-    assert any("mean |Δlogprob|" in f for f in m["failures"])
+    assert any("not near-ties" in f for f in m.failures)
+    assert any("mean |Δlogprob|" in f for f in m.failures)
 
 
 # --- our decoder against compressed-tensors' packer ----------------------------------------
@@ -339,10 +339,10 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_decode_level_passes_on_a_sound_export(tiny: dict[str, Path], name: str,
                                                tmp_path: Path) -> None:
     s = V.verify(tiny[name], level="decode", out=tmp_path / "v")
-    assert (s["level"], s["verdict"]) == ("decode", "pass"), s.get("error")
-    m = s["metrics"]
-    assert m["layers_decoded"] == 14 and m["worst_weight_rel_diff"] <= 2e-3
-    assert m["source_cosine_min"] >= m["source_cosine_floor"]
+    assert (s.level, s.verdict) == ("decode", "pass"), s.error
+    m = s.metrics
+    assert m.layers_decoded == 14 and m.worst_weight_rel_diff <= 2e-3
+    assert m.source_cosine_min >= m.source_cosine_floor
     saved = json.loads((tmp_path / "v" / "verify.json").read_text())
     assert saved["level"] == "decode" and "decode level was asked for" in saved["why_not_vllm"]
     assert saved["passed"] is True and saved["result"].startswith("not loadable in this host")
@@ -358,8 +358,8 @@ def test_decode_level_catches_a_decoder_mismatch(tiny: dict[str, Path], tmp_path
 
     monkeypatch.setattr(D, "decode_weight", off_by_a_bit)
     s = V.verify(tiny["w8a8"], level="decode", out=tmp_path / "v")
-    assert s["verdict"] == "fail"
-    assert "weights differ from the stored integers × scales" in s["error"]
+    assert s.verdict == "fail"
+    assert "weights differ from the stored integers × scales" in s.error
 
 
 def test_decode_level_catches_a_consistent_misread(tiny: dict[str, Path],
@@ -378,10 +378,10 @@ def test_decode_level_catches_a_consistent_misread(tiny: dict[str, Path],
     tensors[key] = tensors[key].flip(0).contiguous()
     save_file(tensors, str(f), metadata={"format": "pt"})
     s = V.verify(bad, level="decode", out=tmp_path / "v")
-    assert s["verdict"] == "fail", s["metrics"]
-    assert s["error"].startswith("decode check failed: layer model.layers.1.mlp.up_proj: "
+    assert s.verdict == "fail", s.metrics
+    assert s.error.startswith("decode check failed: layer model.layers.1.mlp.up_proj: "
                                  "decoded weights have cosine")
-    assert "the stored weights look corrupt" in s["error"]
+    assert "the stored weights look corrupt" in s.error
 
 
 def test_run_folder_writes_verify_folder(tiny: dict[str, Path], tmp_path: Path) -> None:
@@ -390,7 +390,7 @@ def test_run_folder_writes_verify_folder(tiny: dict[str, Path], tmp_path: Path) 
     run = tmp_path / "run"
     shutil.copytree(tiny["w8a8"], run / "export")
     s = V.verify(run, level="decode")
-    assert s["out"] == str(run / "verify")
+    assert s.out == str(run / "verify")
     assert json.loads((run / "verify" / "verify.json").read_text())["verdict"] == "pass"
 
 
@@ -456,12 +456,12 @@ def test_vllm_level_protocol_passes_when_engines_agree(tiny: dict[str, Path], st
                                                        tmp_path: Path) -> None:
     stand_in.write_text(json.dumps(greedy_answer(tiny["w8a8"])))
     s = V.verify(tiny["w8a8"], out=tmp_path / "v")
-    assert (s["level"], s["verdict"]) == ("vllm", "pass"), s.get("error")
-    assert s["metrics"]["agreement"] == 1.0 and s["metrics"]["steps"] == 3 * 6
-    assert s["metrics"]["mean_abs_dlogprob"] < 1e-4
-    assert s["serve_command"].startswith("VLLM_CPU_KVCACHE_SPACE=1 vllm serve ")
-    assert "--dtype bfloat16" in s["serve_command"]
-    assert s["vllm"]["layers"]["linear"]["X/Y/Z"]["count"] == 14
+    assert (s.level, s.verdict) == ("vllm", "pass"), s.error
+    assert s.metrics.agreement == 1.0 and s.metrics.steps == 3 * 6
+    assert s.metrics.mean_abs_dlogprob < 1e-4
+    assert s.serve_command.startswith("VLLM_CPU_KVCACHE_SPACE=1 vllm serve ")
+    assert "--dtype bfloat16" in s.serve_command
+    assert s.vllm is not None and s.vllm.layers["linear"]["X/Y/Z"].count == 14
     req = json.loads((tmp_path / "v" / "logs" / "vllm.request.json").read_text())
     assert req["prompts"][0] == V.prompt_ids(tiny["w8a8"])[0] and req["max_tokens"] == 6
     assert "# verify: PASS (vllm level)" in (tmp_path / "v" / "verify.md").read_text()
@@ -471,8 +471,8 @@ def test_vllm_level_fails_when_engines_disagree(tiny: dict[str, Path], stand_in:
                                                 tmp_path: Path) -> None:
     stand_in.write_text(json.dumps(greedy_answer(tiny["w8a8"], garble=True)))
     s = V.verify(tiny["w8a8"], out=tmp_path / "v")
-    assert s["verdict"] == "fail"
-    assert s["error"].startswith("vLLM disagrees with transformers: greedy agreement 0.00%")
+    assert s.verdict == "fail"
+    assert s.error.startswith("vLLM disagrees with transformers: greedy agreement 0.00%")
 
 
 def test_vllm_level_load_failure_quotes_vllm(tiny: dict[str, Path], stand_in: Path,
@@ -480,8 +480,8 @@ def test_vllm_level_load_failure_quotes_vllm(tiny: dict[str, Path], stand_in: Pa
     H.WORKER.write_text("raise ValueError('Following weights were not initialized from "
                            "checkpoint: {model.norm.weight}')\n")
     s = V.verify(tiny["w8a8"], out=tmp_path / "v")
-    assert s["verdict"] == "fail"
-    assert s["error"] == ("vLLM could not load the checkpoint: the vLLM process exited with "
+    assert s.verdict == "fail"
+    assert s.error == ("vLLM could not load the checkpoint: the vLLM process exited with "
                           "status 1 without a result: ValueError: Following weights were not "
                           "initialized from checkpoint: {model.norm.weight}")
 
@@ -498,8 +498,8 @@ def test_level_vllm_without_vllm_is_an_error(tiny: dict[str, Path], tmp_path: Pa
 def test_tp_on_the_cpu_backend_falls_back_to_decode(tiny: dict[str, Path], stand_in: Path,
                                                     tmp_path: Path) -> None:
     s = V.verify(tiny["w8a8"], tp=2, out=tmp_path / "v")
-    assert s["level"] == "decode" and s["verdict"] == "pass"
-    assert "--tp 2 on the CPU backend" in s["why_not_vllm"]
+    assert s.level == "decode" and s.verdict == "pass"
+    assert "--tp 2 on the CPU backend" in s.why_not_vllm
 
 
 def test_vllm_level_serves_at_the_checkpoints_own_dtype_where_it_runs(
@@ -514,8 +514,8 @@ def test_vllm_level_serves_at_the_checkpoints_own_dtype_where_it_runs(
     (ckpt / "config.json").write_text(json.dumps({**cfg, "dtype": "bfloat16"}))
     stand_in.write_text(json.dumps(greedy_answer(tiny["w8a8"])))
     s = V.verify(ckpt, out=tmp_path / "v")
-    assert s["verdict"] == "pass", s.get("error")
-    assert "--dtype" not in s["serve_command"] and "serve_dtype" not in s
+    assert s.verdict == "pass", s.error
+    assert "--dtype" not in s.serve_command and "serve_dtype" not in s
     assert "dtype" not in json.loads((tmp_path / "v" / "logs" / "vllm.request.json").read_text())
 
 
@@ -526,8 +526,9 @@ def test_run_folder_is_a_recorded_stage(tiny: dict[str, Path], tmp_path: Path,
     import shutil
 
     from quantize.run.files import hash_tree
-    from quantize.run.manifest import RunFolder, write_manifest
+    from quantize.run.manifest import RunFolder
     from quantize.stages.verify import stage
+    from tests.fixtures.manifests import write_manifest
 
     run = tmp_path / "run"
     shutil.copytree(tiny["w8a8"], run / "export")
@@ -535,7 +536,7 @@ def test_run_folder_is_a_recorded_stage(tiny: dict[str, Path], tmp_path: Path,
               "outputs": hash_tree(run / "export")}
     write_manifest(run, {"stages": {"export": export}})
     s = V.verify(run, level="decode")
-    assert (s["verdict"], s["out"]) == ("pass", str(run / "verify"))
+    assert (s.verdict, s.out) == ("pass", str(run / "verify"))
     manifest = RunFolder(run).read()
     rec = manifest.stage("verify")
     assert rec is not None and rec.inputs["export"] == manifest.stages["export"].key
@@ -547,7 +548,7 @@ def test_run_folder_is_a_recorded_stage(tiny: dict[str, Path], tmp_path: Path,
 
     monkeypatch.setattr(stage, "run", must_not_run)
     again = V.verify(run, level="decode")
-    assert again["verdict"] == "pass" and again["duration_s"] == s["duration_s"]
+    assert again.verdict == "pass" and again.duration_s == s.duration_s
     assert RunFolder(run).read().stages["verify"].started == rec.started
     with pytest.raises(AssertionError, match="verify ran again"):
         V.verify(run, level="decode", rerun=True)

@@ -144,15 +144,15 @@ def test_host_limit_runs_the_exact_decode_and_passes(moe_exports: dict[str, Path
     monkeypatch.setattr(H, "detect", lambda *a, **k: H.Host(sys.executable, "0.32.0", "cpu",
                                                              NO_AMX.isa, OPS))
     s = V.verify(moe_exports[name], out=tmp_path / "v")
-    assert s["level"] == "decode", s
-    assert s["why_not_vllm"].startswith("not verifiable in vLLM on this host (")
-    assert "oracle/int_wna16.py" in s["why_not_vllm"] and s["host_limit"]
-    assert s["verdict"] == "pass", s.get("error")
-    m = s["metrics"]
-    assert m["worst_weight_rel_diff"] <= 2e-3 and m["max_abs_dlogprob"] <= 5e-2
+    assert s.level == "decode", s
+    assert s.why_not_vllm.startswith("not verifiable in vLLM on this host (")
+    assert "oracle/int_wna16.py" in s.why_not_vllm and s.host_limit
+    assert s.verdict == "pass", s.error
+    m = s.metrics
+    assert m.worst_weight_rel_diff <= 2e-3 and m.max_abs_dlogprob <= 5e-2
     # every expert projection was decoded and compared with the source's fused tensors
-    assert m["layers_decoded"] == 2 * (4 + 3 * 8)
-    assert m["source_cosine_min"] is not None and m["source_cosine_min"] >= 0.9
+    assert m.layers_decoded == 2 * (4 + 3 * 8)
+    assert m.source_cosine_min is not None and m.source_cosine_min >= 0.9
 
 
 def test_fp4_moe_export_passes_the_exact_decode(moe_exports: dict[str, Path],
@@ -160,10 +160,10 @@ def test_fp4_moe_export_passes_the_exact_decode(moe_exports: dict[str, Path],
     """NVFP4 (weight-only) experts decompress into bf16 weights; the decode check's fp32 model
     takes them (it stopped with "self and mat2 must have the same dtype" before)."""
     s = V.verify(moe_exports["nvfp4"], out=tmp_path / "v", level="decode")
-    assert (s["level"], s["verdict"]) == ("decode", "pass"), s.get("error")
-    m = s["metrics"]
-    assert m["worst_weight_rel_diff"] <= 2e-3 and m["max_abs_dlogprob"] <= 5e-2
-    assert m["source_cosine_min"] is not None and m["source_cosine_min"] >= 0.9
+    assert (s.level, s.verdict) == ("decode", "pass"), s.error
+    m = s.metrics
+    assert m.worst_weight_rel_diff <= 2e-3 and m.max_abs_dlogprob <= 5e-2
+    assert m.source_cosine_min is not None and m.source_cosine_min >= 0.9
 
 
 @pytest.fixture(scope="module")
@@ -198,11 +198,11 @@ def test_mixtral_export_passes_the_exact_decode(mixtral_export: Path, tmp_path: 
     assert "model.layers.0.block_sparse_moe.experts.0.gate_proj.weight_packed" in names
     assert "model.layers.0.block_sparse_moe.gate.weight" in names
     s = V.verify(mixtral_export, out=tmp_path / "v", level="decode")
-    assert (s["level"], s["verdict"]) == ("decode", "pass"), s.get("error")
-    m = s["metrics"]
-    assert m["layers_decoded"] == 2 * (4 + 3 * 8)
-    assert m["worst_weight_rel_diff"] == 0.0 and m["max_abs_dlogprob"] == 0.0
-    assert m["source_cosine_min"] is not None and m["source_cosine_min"] >= 0.9
+    assert (s.level, s.verdict) == ("decode", "pass"), s.error
+    m = s.metrics
+    assert m.layers_decoded == 2 * (4 + 3 * 8)
+    assert m.worst_weight_rel_diff == 0.0 and m.max_abs_dlogprob == 0.0
+    assert m.source_cosine_min is not None and m.source_cosine_min >= 0.9
 
 
 def test_mixtral_experts_are_compared_with_the_sources_w1_w2_w3(mixtral_export: Path,
@@ -221,9 +221,9 @@ def test_mixtral_experts_are_compared_with_the_sources_w1_w2_w3(mixtral_export: 
     tensors[key] = tensors[key].flip(0).contiguous()
     save_file(tensors, str(f), metadata={"format": "pt"})
     s = V.verify(bad, out=tmp_path / "v", level="decode")
-    assert s["verdict"] == "fail", s["metrics"]
-    assert s["error"].startswith("decode check failed: layer model.layers.1.mlp.experts.3."
-                                 "down_proj: decoded weights have cosine"), s["error"]
+    assert s.verdict == "fail", s.metrics
+    assert s.error.startswith("decode check failed: layer model.layers.1.mlp.experts.3."
+                                 "down_proj: decoded weights have cosine"), s.error
 
 
 @pytest.mark.parametrize("name", ["fp8dyn", "w8a8"])
@@ -233,10 +233,10 @@ def test_activation_quantized_moe_export_passes_the_exact_decode(
     the [tokens, hidden] rows an expert gets (0.12 nats mean, 0.67 max before); vLLM and our
     decode quantize each token on its own."""
     s = V.verify(moe_exports[name], out=tmp_path / "v", level="decode")
-    assert (s["level"], s["verdict"]) == ("decode", "pass"), s.get("error")
-    m = s["metrics"]
-    assert m["worst_weight_rel_diff"] == 0.0 and m["max_abs_dlogprob"] == 0.0
-    assert m["source_cosine_min"] is not None and m["source_cosine_min"] >= 0.98
+    assert (s.level, s.verdict) == ("decode", "pass"), s.error
+    m = s.metrics
+    assert m.worst_weight_rel_diff == 0.0 and m.max_abs_dlogprob == 0.0
+    assert m.source_cosine_min is not None and m.source_cosine_min >= 0.98
 
 
 def test_the_decode_check_sees_a_shared_activation_scale_on_the_experts(
@@ -247,8 +247,8 @@ def test_the_decode_check_sees_a_shared_activation_scale_on_the_experts(
 
     monkeypatch.setattr(moe_load, "per_token_inputs", lambda model: 0)
     s = V.verify(moe_exports["fp8dyn"], out=tmp_path / "v", level="decode")
-    assert s["verdict"] == "fail" and "logits differ" in s["error"], s.get("error")
-    assert s["metrics"]["worst_weight_rel_diff"] == 0.0
+    assert s.verdict == "fail" and "logits differ" in s.error, s.error
+    assert s.metrics.worst_weight_rel_diff == 0.0
 
 
 def _with_kv_scales(ckpt: Path, out: Path) -> Path:
@@ -285,11 +285,11 @@ def test_fp8_kv_cache_moe_export_passes_the_exact_decode(
 
     ckpt = _with_kv_scales(moe_exports["fp8dyn"], tmp_path / "kv")
     s = V.verify(ckpt, out=tmp_path / "v", level="decode")
-    assert (s["level"], s["verdict"]) == ("decode", "pass"), s.get("error")
-    assert s["metrics"]["max_abs_dlogprob"] == 0.0
+    assert (s.level, s.verdict) == ("decode", "pass"), s.error
+    assert s.metrics.max_abs_dlogprob == 0.0
     monkeypatch.setattr(kv_quant, "quantize_kv_cache", lambda *a: 0)
     s = V.verify(ckpt, out=tmp_path / "v2", level="decode")
-    assert s["verdict"] == "fail" and "logits differ" in s["error"], s.get("error")
+    assert s.verdict == "fail" and "logits differ" in s.error, s.error
 
 
 def test_native_gptq_moe_export_is_refused_by_the_decode_check_in_one_line(
