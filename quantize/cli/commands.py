@@ -8,8 +8,8 @@ from typing import Any
 import click
 
 from quantize.cli.app import handle_errors, main
+from quantize.pipeline.stages import PIPELINE, names
 from quantize.spec.recipe import DEFAULT_RECIPE
-from quantize.stages import STAGES
 
 # Only checked, never used to quantize: the export is the same for every tp, but vLLM shards
 # it, so a tp the model's shapes cannot take is caught before calibration.
@@ -37,7 +37,7 @@ def _run_options(fn: Any) -> Any:
         click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
                      help="run folder (default runs/<model>-<recipe>)"),
         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto"),
-        click.option("--rerun", multiple=True, type=click.Choice([*STAGES, "all"]),
+        click.option("--rerun", multiple=True, type=click.Choice([*names(), "all"]),
                      help="re-run this stage even if its inputs are unchanged (repeatable)"),
         click.option("--allow-pickle", is_flag=True,
                      help="accept .bin/.pt weights (pickle can run code: trusted sources only)"),
@@ -115,12 +115,16 @@ def _stage_command(stage: str, doc: str) -> None:
         _run(stage, **kw)
 
 
-_stage_command("calibrate", "Build the tokenized, fingerprinted calibration set for RECIPE.")
-_stage_command("quantize", "Calibrate (if needed) and quantize with the recipe's engine.")
-_stage_command("export", "Everything up to the vLLM-loadable checkpoint in <run>/export.")
+for _st in PIPELINE:  # the stages that take a RECIPE; eval and gate take a RUN (below)
+    if _st.takes == "recipe":
+        _stage_command(_st.name, _st.help)
 
 
-@main.command("eval")
+def _help(name: str) -> str:
+    return next(st.help for st in PIPELINE if st.name == name)
+
+
+@main.command("eval", help=_help("eval"))
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--suite", default=None, help="eval suite name or YAML (default: the recipe's)")
 @click.option("--rerun", is_flag=True, help="measure again even if nothing changed")
@@ -144,9 +148,7 @@ _stage_command("export", "Everything up to the vLLM-loadable checkpoint in <run>
 @handle_errors
 def eval_cmd(run_dir: Path, suite: str | None, rerun: bool, engine: str | None, eval_tp: int,
              kv_cache_dtype: str, vllm_python: str | None, out: Path | None) -> None:
-    """Perplexity and accuracy of RUN_DIR's export vs its baseline, with recovery per metric
-    (runs the stages before it first if they are not finished). RUN_DIR may also be an
-    export folder on its own: it is then evaluated and gated, reports in --out."""
+    # help: quantize.pipeline.stages (the stage's one declaration)
     from quantize.stages.eval.engine import EvalEngineRequest
 
     req = EvalEngineRequest("hf" if engine == "transformers" else engine, eval_tp, kv_cache_dtype,
@@ -173,12 +175,12 @@ def _checkpoint_eval(folder: Path, suite: str | None, out: Path | None, req: Any
         raise GateFailed(f"gate failed: {', '.join(s.gate.failures)}; see {dest}/gate.md")
 
 
-@main.command("gate")
+@main.command("gate", help=_help("gate"))
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--suite", default=None, help="eval suite name or YAML (default: the recipe's)")
 @handle_errors
 def gate_cmd(run_dir: Path, suite: str | None) -> None:
-    """Exit 0 when every blocking threshold holds for RUN_DIR, else 3 with the table."""
+    # help: quantize.pipeline.stages
     _run_folder(run_dir, "gate", suite, ())
 
 

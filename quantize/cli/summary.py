@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 import click
 from rich.table import Table
 
+from quantize.pipeline.stages import names
 from quantize.progress import console, human_bytes
 from quantize.run.results import ExportSummary, GateResult
-from quantize.stages import STAGES
 
 if TYPE_CHECKING:
     from quantize.pipeline import Pipeline
@@ -44,7 +44,7 @@ def print_summary(pipe: Pipeline) -> None:
     table = Table(title=f"run {pipe.run_dir}", show_lines=False)
     for col in ("stage", "status", "seconds", "result"):
         table.add_column(col)
-    for name in STAGES:  # pipeline order, not the order the manifest recorded them in
+    for name in names():  # pipeline order, not the order the manifest recorded them in
         entry = stages.get(name)
         if entry is None or name not in pipe.keys:
             continue

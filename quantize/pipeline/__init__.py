@@ -24,7 +24,7 @@ from quantize.model.source import (
     model_fingerprint,
     resolve_model,
 )
-from quantize.pipeline import wiring
+from quantize.pipeline.stages import Stage, upto
 from quantize.run import stage as run_stage
 from quantize.run.lock import run_lock
 from quantize.run.manifest import (
@@ -38,7 +38,6 @@ from quantize.run.manifest import (
 from quantize.run.results import GateSummary
 from quantize.spec.recipe import EvalSuite, Recipe, canonical_hash, load_recipe, resolve, suite_for
 from quantize.spec.yamlio import read_text
-from quantize.stages import STAGES
 
 
 def pick_device(requested: str) -> str:
@@ -130,8 +129,7 @@ class Pipeline:
     _fp: _Hashing | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        if self.opts.until not in STAGES:
-            raise QuantizeError(f"unknown stage {self.opts.until!r}; stages: {', '.join(STAGES)}")
+        upto(self.opts.until)  # an unknown stage name fails now
         self.recipe = load_recipe(self.opts.recipe)
         self.recipe_text = read_text(resolve("recipes", self.opts.recipe))
         self.model = resolve_model(self.opts.model, allow_pickle=self.opts.allow_pickle)
@@ -155,15 +153,16 @@ class Pipeline:
             self.meta = preflight.build_meta(self.recipe, self.model.config)
             self.facts = preflight.check(self.recipe, self.model.config, tp=self.opts.tp,
                                          model=self.meta, gpu=self.target_gpu)
-            if STAGES.index(self.opts.until) >= STAGES.index("eval"):
+            todo = upto(self.opts.until)
+            if "eval" in {st.name for st in todo}:
                 self.suite()  # a bad suite fails now, not after hours of quantization
             if not self.opts.no_disk_check:  # a full disk refused now, not after hours
                 from quantize.pipeline import disk
 
-                self.facts.disk_needed_bytes = disk.check(
-                    self, list(STAGES[: STAGES.index(self.opts.until) + 1]))
+                self.facts.disk_needed_bytes = disk.check(self, {st.name: st.disk
+                                                                 for st in todo})
             self._record_header()
-            for stage in STAGES[: STAGES.index(self.opts.until) + 1]:
+            for stage in todo:
                 self._stage(stage)
             self.fingerprint()  # a calibrate-only run records it too
             gate = self.manifest.stage("gate")
@@ -220,8 +219,9 @@ class Pipeline:
         m.preflight = self.facts
         self._start_fingerprint()
 
-    def _stage(self, name: str) -> None:
-        inputs, execute = wiring.STAGE_PLANS[name](self)
+    def _stage(self, stage: Stage) -> None:
+        name = stage.name
+        inputs, execute = stage.plan(self)
         rerun = name in self.opts.rerun or "all" in self.opts.rerun
         status = run_stage.status(name, self.manifest.stages.get(name), inputs,
                                   self.run_dir / name, rerun=rerun)

@@ -18,6 +18,8 @@ per file system with its free space.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,8 +60,10 @@ def remaining(manifest: Manifest, stages: list[str], rerun: tuple[str, ...], *,
     return []
 
 
-def check(pipe: PipelineView, stages: list[str]) -> dict[str, int] | None:
-    """The disk pre-check of a pipeline run (quantize.pipeline.Pipeline) over `stages`:
+def check(pipe: PipelineView, stages: dict[str, Callable[[DiskContext], list[DiskNeed]]]
+          ) -> dict[str, int] | None:
+    """The disk pre-check of a pipeline run (quantize.pipeline.Pipeline) over `stages` (each
+    stage's disk function, in order; quantize.pipeline.stages):
     refuses (ResourceError, one line) or returns the facts for the manifest."""
     from quantize.checks.resources import check_disk
     from quantize.model.source import cache_root
@@ -69,16 +73,16 @@ def check(pipe: PipelineView, stages: list[str]) -> dict[str, int] | None:
     m = pipe.manifest
     same = (m.recipe is not None and m.recipe.sha256 == canonical_hash(pipe.recipe)
             and m.model is not None and m.model.path == str(pipe.model.path))
-    todo = remaining(m, stages, pipe.opts.rerun, same_run=same)
+    todo = remaining(m, list(stages), pipe.opts.rerun, same_run=same)
     if not todo:
         return None
     spec, _ = resolve_spec(pipe.recipe, pipe.opts.dataset)
     metrics = len(pipe.suite().metrics) if "eval" in todo else 0
-    return check_disk(needs(
-        stages=todo, run_dir=pipe.run_dir, cache=cache_root(), model_dir=pipe.model.path,
-        meta=pipe.meta, recipe=pipe.recipe, config=pipe.model.config,
-        group=pipe.facts.group_size, device=pipe.device,
-        calibration=(spec.num_samples, spec.seq_len), metrics=metrics))["disk_needed_bytes"]
+    ctx = DiskContext(pipe.run_dir, cache_root(), pipe.model.path, pipe.meta, pipe.recipe,
+                      pipe.model.config, pipe.facts.group_size, pipe.device,
+                      (spec.num_samples, spec.seq_len), metrics)
+    disks = [stages[name] for name in todo]
+    return check_disk(needs(disks, ctx))["disk_needed_bytes"]
 
 
 def side_files(model_dir: Path) -> int:
@@ -122,29 +126,59 @@ def _layers(config: ModelConfig) -> int:
     return int(config.text.num_hidden_layers or 0)
 
 
-def needs(*, stages: list[str], run_dir: Path, cache: Path, model_dir: Path, meta: Any,
-          recipe: Any, config: ModelConfig, group: int | None, device: str,
-          calibration: tuple[int, int], metrics: int) -> list[DiskNeed]:
-    """What each of `stages` writes, and where (run folder, or the shared cache)."""
-    side = side_files(model_dir)
-    out: list[DiskNeed] = []
-    for stage in stages:
-        if stage == "calibrate":
-            out.append(DiskNeed("calibrate", run_dir, calibration_bytes(*calibration)))
-        elif stage == "quantize":
-            weights = export_weight_bytes(meta, recipe, config, group)
-            log = _LOG_PER_LAYER * _layers(config)
-            out.append(DiskNeed("quantize", run_dir, weights + side + _QUANTIZE_EXTRA + log))
-            spill = offload_bytes(meta, recipe, config, device, run_dir / ".offload")
-            if spill:
-                out.append(DiskNeed("offload", run_dir, spill))
-        elif stage == "export":  # weights hard-linked: counted once, in quantize
-            out.append(DiskNeed("export", run_dir, side + _EXPORT_EXTRA))
-        elif stage == "eval":
-            out.append(DiskNeed("eval", run_dir, _EVAL))
-            out.append(DiskNeed("baseline cache", cache, _BASELINE_PER_METRIC * metrics))
-        elif stage == "gate":
-            out.append(DiskNeed("gate", run_dir, _GATE))
+@dataclass(frozen=True)
+class DiskContext:
+    """What sizing a stage's writes needs, known before calibration."""
+
+    run_dir: Path
+    cache: Path
+    model_dir: Path
+    meta: Any
+    recipe: Any
+    config: ModelConfig
+    group: int | None
+    device: str
+    calibration: tuple[int, int]  # num_samples, seq_len
+    metrics: int  # metrics of the eval suite
+
+    @property
+    def side(self) -> int:
+        return side_files(self.model_dir)
+
+
+def calibrate_disk(c: DiskContext) -> list[DiskNeed]:
+    return [DiskNeed("calibrate", c.run_dir, calibration_bytes(*c.calibration))]
+
+
+def quantize_disk(c: DiskContext) -> list[DiskNeed]:
+    weights = export_weight_bytes(c.meta, c.recipe, c.config, c.group)
+    log = _LOG_PER_LAYER * _layers(c.config)
+    out = [DiskNeed("quantize", c.run_dir, weights + c.side + _QUANTIZE_EXTRA + log)]
+    spill = offload_bytes(c.meta, c.recipe, c.config, c.device, c.run_dir / ".offload")
+    if spill:
+        out.append(DiskNeed("offload", c.run_dir, spill))
+    return out
+
+
+def export_disk(c: DiskContext) -> list[DiskNeed]:
+    """The weights are hard links of the quantize stage's: counted once, there."""
+    return [DiskNeed("export", c.run_dir, c.side + _EXPORT_EXTRA)]
+
+
+def eval_disk(c: DiskContext) -> list[DiskNeed]:
+    return [DiskNeed("eval", c.run_dir, _EVAL),
+            DiskNeed("baseline cache", c.cache, _BASELINE_PER_METRIC * c.metrics)]
+
+
+def gate_disk(c: DiskContext) -> list[DiskNeed]:
+    return [DiskNeed("gate", c.run_dir, _GATE)]
+
+
+def needs(stages: list[Callable[[DiskContext], list[DiskNeed]]],
+          ctx: DiskContext) -> list[DiskNeed]:
+    """What the stages (their disk functions) write, and where (run folder, or the shared
+    cache), with the manifest rewritten after each."""
+    out = [need for disk in stages for need in disk(ctx)]
     if out:
-        out.append(DiskNeed("manifest", run_dir, _MANIFEST))
+        out.append(DiskNeed("manifest", ctx.run_dir, _MANIFEST))
     return out

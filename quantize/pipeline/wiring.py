@@ -194,7 +194,3 @@ def gate(pipe: PipelineView) -> Plan:
         return stage.run(stage.with_rules(ev, rules), out)
 
     return inputs, execute
-
-
-STAGE_PLANS: dict[str, Callable[[PipelineView], Plan]] = {
-    "calibrate": calibrate, "quantize": quantize, "export": export, "eval": eval, "gate": gate}

@@ -120,7 +120,11 @@ class Manifest(_Record):
 
     def to_json(self) -> dict[str, Json]:
         data = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
-        return {"schema": SCHEMA, "stages": {}, **data}
+        # the stages dict is filled in place (stages[name] = record), which pydantic does not
+        # count as setting the field: always written
+        data["stages"] = {k: v.model_dump(mode="json", by_alias=True, exclude_unset=True)
+                          for k, v in self.stages.items()}
+        return {"schema": SCHEMA, **data}
 
 
 class ExportManifest(_Record):

@@ -50,10 +50,10 @@ def test_recipe_exports_and_decodes_bit_for_bit(recipe: str, tiny_model: Path,
            "FP8_BLOCK": "float-quantized"}[load_recipe(recipe).scheme]
     assert qc["format"] == fmt and qc["ignore"] == ["lm_head"]
     result = verify_decode(export, ModelConfig.model_validate(config), DecodeTolerance())
-    m = result["metrics"]
-    assert result["verdict"] == "pass", result.get("error")
-    assert m["layers_decoded"] == 14  # 7 Linear layers x 2 decoder layers
-    assert m["worst_weight_rel_diff"] == 0.0  # bit for bit with compressed-tensors
+    m = result.metrics
+    assert result.verdict == "pass", result.error
+    assert m.layers_decoded == 14  # 7 Linear layers x 2 decoder layers
+    assert m.worst_weight_rel_diff == 0.0  # bit for bit with compressed-tensors
     # our activation emulation (FP4 groups of 16/32, FP8 groups of 128) matches theirs too
-    assert m["max_abs_dlogprob"] == 0.0
-    assert m["source_cosine_min"] is not None and m["source_cosine_min"] >= 0.9
+    assert m.max_abs_dlogprob == 0.0
+    assert m.source_cosine_min is not None and m.source_cosine_min >= 0.9

@@ -149,8 +149,8 @@ def test_engine_export_passes_the_decode_check_and_a_tampered_one_fails(
 
     export = exported(recipe) / "export"
     good = V.verify(export, level="decode", out=tmp_path / "good")
-    assert good["verdict"] == "pass", good.get("error")
-    assert good["level"] == "decode" and good["metrics"]["layers_decoded"] == 14
+    assert good.verdict == "pass", good.error
+    assert good.level == "decode" and good.metrics.layers_decoded == 14
     # permute one layer's packed input rows: loader and decoder still agree (same integers),
     # but the weights no longer resemble the source model's
     bad = tmp_path / "bad"
@@ -160,8 +160,8 @@ def test_engine_export_passes_the_decode_check_and_a_tampered_one_fails(
     tensors[key] = tensors[key].flip(0).contiguous()
     save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
     res = V.verify(bad, level="decode", out=tmp_path / "bad-verify")
-    assert res["verdict"] == "fail"
-    assert "down_proj: decoded weights have cosine" in res["error"]
+    assert res.verdict == "fail"
+    assert "down_proj: decoded weights have cosine" in res.error
 
 
 def test_engines_compare_with_llmcompressor_through_eval_and_gate(
@@ -209,9 +209,9 @@ def test_engine_export_loads_in_vllm(recipe: str, exported: Any, tmp_path: Path)
     if not capabilities.supported(fmt, host).ok:
         pytest.skip(f"this host's vLLM cannot run it: {capabilities.supported(fmt, host).reason}")
     res = V.verify(exported(recipe) / "export", level="vllm", out=tmp_path / "v")
-    assert res["verdict"] == "pass", res.get("error")
-    assert res["vllm"]["quantization"] in ("auto_gptq", "awq", "gptq", "auto_awq")
-    assert res["metrics"]["agreement"] >= 0.8
+    assert res.verdict == "pass", res.error
+    assert res.vllm.quantization in ("auto_gptq", "awq", "gptq", "auto_awq")
+    assert res.metrics.agreement >= 0.8
 
 
 @pytest.mark.skipif(bool(_missing("awq-int4-autoawq")), reason="the autoawq extra is not "

@@ -79,7 +79,7 @@ def test_vllm_engine_agrees_with_hf_on_baseline_and_quantized_export(
     fingerprint = model_fingerprint(resolve_model("default"))
     summary = stage.run(quantized_export, default_model, fingerprint, SUITE, "cpu", versions(),
                         tmp_path, _choice(host))
-    assert summary["engine"]["name"] == "vllm"
+    assert summary.engine.name == "vllm"
     ev = json.loads((tmp_path / "eval.json").read_text())
     assert ev["engine"]["vllm"]["candidate"]["quantization"] == "compressed-tensors"
     assert ev["throughput"]["wiki_ppl"]["candidate_tokens_per_s"] > 0

@@ -79,8 +79,8 @@ def test_each_architecture_exports_to_plan_and_verifies(arch: str, recipe: str,
     assert coverage is not None and len(coverage.layers) == moe_layers
 
     s = V.verify(export, out=tmp_path / "verify")
-    assert s["verdict"] == "pass", s.get("error")
-    if s["level"] == "decode":
-        m = s["metrics"]
-        assert m["worst_weight_rel_diff"] == 0.0 and m["max_abs_dlogprob"] <= 5e-2
-        assert m["source_cosine_min"] >= 0.9
+    assert s.verdict == "pass", s.error
+    if s.level == "decode":
+        m = s.metrics
+        assert m.worst_weight_rel_diff == 0.0 and m.max_abs_dlogprob <= 5e-2
+        assert m.source_cosine_min >= 0.9

@@ -38,13 +38,13 @@ def test_symmetric_int4_moe_export_loads_in_vllm_and_agrees(tmp_path: Path,
     if limit is not None:
         pytest.skip(f"this host's vLLM has no kernel for these experts: {limit}")
     s = V.verify(tmp_path / "run")
-    assert (s["level"], s["verdict"]) == ("vllm", "pass"), s.get("error") or s.get(
+    assert (s.level, s.verdict) == ("vllm", "pass"), s.error or s.get(
         "why_not_vllm")
-    layers = s["vllm"]["layers"]["linear"]
+    layers = s.vllm.layers["linear"]
     # both MoE layers on vLLM's INT4 fused-MoE method; the routers dense (measured: 2 and 2)
-    assert layers["CompressedTensorsWNA16MoEMethod"]["count"] == 2, layers
-    assert layers["UnquantizedLinearMethod"]["example"].endswith("mlp.gate"), layers
-    m = s["metrics"]
-    assert m["agreement"] >= V.Thresholds().min_agreement
-    assert m["mean_abs_dlogprob"] <= V.Thresholds().max_mean_abs_dlogprob
-    assert m["steps"] == len(V.PROMPTS) * V.MAX_TOKENS
+    assert layers["CompressedTensorsWNA16MoEMethod"].count == 2, layers
+    assert layers["UnquantizedLinearMethod"].example.endswith("mlp.gate"), layers
+    m = s.metrics
+    assert m.agreement >= V.Thresholds().min_agreement
+    assert m.mean_abs_dlogprob <= V.Thresholds().max_mean_abs_dlogprob
+    assert m.steps == len(V.PROMPTS) * V.MAX_TOKENS

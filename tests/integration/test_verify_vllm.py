@@ -55,21 +55,21 @@ def export(tmp_path_factory: pytest.TempPathFactory,
     return make
 
 
-def _kernels(s: dict[str, Any]) -> str:
-    return " ".join((s["vllm"]["layers"].get("linear") or {}).keys())
+def _kernels(s: Any) -> str:
+    return " ".join((s.vllm.layers.get("linear") or {}).keys())
 
 
-def _assert_full_pass(s: dict[str, Any], scheme_class: str) -> None:
-    assert (s["level"], s["verdict"]) == ("vllm", "pass"), s.get("error") or s.get("why_not_vllm")
-    assert s["vllm"]["quantization"] == "compressed-tensors"
+def _assert_full_pass(s: Any, scheme_class: str) -> None:
+    assert (s.level, s.verdict) == ("vllm", "pass"), s.error or s.why_not_vllm
+    assert s.vllm.quantization == "compressed-tensors"
     # every quantized Linear bound to the scheme: 30 layers x 4 (vLLM fuses q/k/v and gate/up)
-    layers = s["vllm"]["layers"]["linear"]
-    assert sum(e["count"] for k, e in layers.items() if scheme_class in k) == 30 * 4, layers
-    m = s["metrics"]
-    assert m["agreement"] >= V.Thresholds().min_agreement
-    assert m["mean_abs_dlogprob"] <= V.Thresholds().max_mean_abs_dlogprob
-    assert m["steps"] == len(V.PROMPTS) * V.MAX_TOKENS
-    assert "vllm serve " in s["serve_command"] and "--max-model-len 512" in s["serve_command"]
+    layers = s.vllm.layers["linear"]
+    assert sum(e.count for k, e in layers.items() if scheme_class in k) == 30 * 4, layers
+    m = s.metrics
+    assert m.agreement >= V.Thresholds().min_agreement
+    assert m.mean_abs_dlogprob <= V.Thresholds().max_mean_abs_dlogprob
+    assert m.steps == len(V.PROMPTS) * V.MAX_TOKENS
+    assert "vllm serve " in s.serve_command and "--max-model-len 512" in s.serve_command
 
 
 def test_probe_sees_this_host() -> None:
@@ -89,8 +89,8 @@ def test_fp8_dynamic_export_loads_in_vllm_and_agrees(export: Callable[[str], Pat
     if slow is None:
         _assert_full_pass(s, "CompressedTensorsW8A8Fp8")
     else:
-        assert (s["level"], s["verdict"]) == ("decode", "pass"), s
-        assert slow in s["why_not_vllm"]
+        assert (s.level, s.verdict) == ("decode", "pass"), s
+        assert slow in s.why_not_vllm
     assert (run_dir / "verify" / "verify.json").is_file()
 
 
@@ -120,7 +120,7 @@ def test_a_broken_export_fails_with_vllms_own_error(export: Callable[[str], Path
     save_file(tensors, str(f), metadata={"format": "pt"})
     # level vllm: the load is tried even where FP8 GEMMs run emulated (it fails before any)
     s = V.verify(bad, out=tmp_path / "v", timeout_s=600, level="vllm")
-    assert s["verdict"] == "fail"
-    assert s["error"] == ("vLLM could not load the checkpoint: RuntimeError: start (0) + "
+    assert s.verdict == "fail"
+    assert s.error == ("vLLM could not load the checkpoint: RuntimeError: start (0) + "
                           "length (1536) exceeds dimension size (1000).")
-    assert (tmp_path / "v" / s["vllm_log"]).is_file()
+    assert (tmp_path / "v" / s.vllm_log).is_file()

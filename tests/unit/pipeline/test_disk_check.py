@@ -80,10 +80,11 @@ def test_needs_count_hard_linked_weights_once(tiny_model: Path, tmp_path: Path) 
     config = read_config(tiny_model)
     recipe = load_recipe("gptq-int4")
     meta = preflight.build_meta(recipe, config)
-    got = {n.what: n for n in disk.needs(
-        stages=STAGES, run_dir=tmp_path / "run", cache=tmp_path / "cache",
-        model_dir=tiny_model, meta=meta, recipe=recipe, config=config, group=64,
-        device="cpu", calibration=(32, 512), metrics=1)}
+    from quantize.pipeline.stages import PIPELINE
+
+    ctx = disk.DiskContext(tmp_path / "run", tmp_path / "cache", tiny_model, meta, recipe,
+                           config, 64, "cpu", (32, 512), 1)
+    got = {n.what: n for n in disk.needs([st.disk for st in PIPELINE], ctx)}
     side = disk.side_files(tiny_model)
     assert side > 3_000_000  # tokenizer.json and friends
     assert got["export"].bytes < side + 64 * 1024  # no weights: they are hard links
