@@ -7,6 +7,7 @@ import io
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -66,13 +67,61 @@ def config_groups(recipe: Recipe, group_size: int | None) -> dict[str, Quantizat
     return groups
 
 
+def _awq(recipe: Recipe, common: QuantizerArgs, model: Any) -> list[Any]:
+    """AWQ's smoothing; a quantizer modifier follows it (awq: RTN, awq+gptq: GPTQ)."""
+    from llmcompressor.modifiers.transform.awq import AWQModifier
+
+    from quantize.backends._llmc_compat import awq_mappings
+
+    awq = recipe.awq or AWQOptions()
+    mapped = awq_mappings(model)
+    kw: dict[str, Any] = {} if mapped is None else {"mappings": mapped}
+    if awq.search_samples is None:  # the library's search, on every sample
+        return [AWQModifier(n_grid=awq.n_grid, duo_scaling=awq.duo_scaling, **kw)]
+    from quantize.backends._awq_search import SubsetSearchAWQModifier
+
+    return [SubsetSearchAWQModifier(n_grid=awq.n_grid, duo_scaling=awq.duo_scaling,
+                                    search_samples=awq.search_samples, **kw)]
+
+
+def _gptq(recipe: Recipe, common: QuantizerArgs, model: Any) -> list[Any]:
+    from llmcompressor.modifiers.quantization import GPTQModifier
+
+    opts = recipe.gptq or GPTQOptions()
+    return [GPTQModifier(block_size=opts.block_size, dampening_frac=opts.dampening_frac,
+                         actorder=opts.actorder, **common)]
+
+
+def _rtn(recipe: Recipe, common: QuantizerArgs, model: Any) -> list[Any]:
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    return [QuantizationModifier(**common)]
+
+
+def _autoround(recipe: Recipe, common: QuantizerArgs, model: Any) -> list[Any]:
+    from llmcompressor.modifiers.autoround import AutoRoundModifier
+
+    ar = recipe.autoround or AutoRoundOptions()
+    return [AutoRoundModifier(iters=ar.iters, lr=ar.lr, batch_size=ar.batch_size,
+                              enable_torch_compile=ar.compile, **common)]
+
+
+ModifierBuilder = Callable[[Recipe, QuantizerArgs, Any], list[Any]]
+# One entry per method of quantize.spec.methods.METHODS: the llm-compressor modifiers it is
+# (`model` lets AWQ take mappings the library gets wrong for it: _llmc_compat.awq_mappings)
+MODIFIERS: dict[str, ModifierBuilder] = {
+    "gptq": _gptq,
+    "awq": lambda r, c, m: [*_awq(r, c, m), *_rtn(r, c, m)],
+    "rtn": _rtn,
+    "autoround": _autoround,
+    "awq+gptq": lambda r, c, m: [*_awq(r, c, m), *_gptq(r, c, m)],
+}
+
+
 def build_modifiers(recipe: Recipe, group_size: int | None, model: Any = None) -> list[Any]:
-    """The llm-compressor modifier list a recipe stands for (one entry per method of
-    quantize.spec.methods.METHODS); `model` lets AWQ take mappings the library gets wrong
-    for it (quantize.backends._llmc_compat.awq_mappings)."""
+    """The llm-compressor modifier list a recipe stands for: SmoothQuant when asked, then the
+    method's own (MODIFIERS)."""
     from compressed_tensors.quantization import QuantizationArgs
-    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
-    from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
 
     groups = config_groups(recipe, group_size)
     common: QuantizerArgs = {"config_groups": groups, "ignore": list(recipe.ignore)}
@@ -81,36 +130,10 @@ def build_modifiers(recipe: Recipe, group_size: int | None, model: Any = None) -
             num_bits=8, type="float", strategy="tensor", dynamic=False, symmetric=True)
     mods: list[Any] = []
     if recipe.smoothquant is not None:
+        from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
+
         mods.append(SmoothQuantModifier(smoothing_strength=recipe.smoothquant.strength))
-    if recipe.method in ("awq", "awq+gptq"):  # AWQ smooths; a quantizer modifier follows
-        from llmcompressor.modifiers.transform.awq import AWQModifier
-
-        from quantize.backends._llmc_compat import awq_mappings
-
-        awq = recipe.awq or AWQOptions()
-        mapped = awq_mappings(model)
-        kw: dict[str, Any] = {} if mapped is None else {"mappings": mapped}
-        if awq.search_samples is None:  # the library's search, on every sample
-            mods.append(AWQModifier(n_grid=awq.n_grid, duo_scaling=awq.duo_scaling, **kw))
-        else:
-            from quantize.backends._awq_search import SubsetSearchAWQModifier
-
-            mods.append(SubsetSearchAWQModifier(
-                n_grid=awq.n_grid, duo_scaling=awq.duo_scaling,
-                search_samples=awq.search_samples, **kw))
-    if recipe.method in ("gptq", "awq+gptq"):
-        opts = recipe.gptq or GPTQOptions()
-        mods.append(GPTQModifier(block_size=opts.block_size, dampening_frac=opts.dampening_frac,
-                                 actorder=opts.actorder, **common))
-    elif recipe.method == "autoround":
-        from llmcompressor.modifiers.autoround import AutoRoundModifier
-
-        ar = recipe.autoround or AutoRoundOptions()
-        mods.append(AutoRoundModifier(iters=ar.iters, lr=ar.lr, batch_size=ar.batch_size,
-                                      enable_torch_compile=ar.compile, **common))
-    else:  # rtn, awq
-        mods.append(QuantizationModifier(**common))
-    return mods
+    return mods + MODIFIERS[recipe.method](recipe, common, model)
 
 
 def _quiet_engine() -> None:

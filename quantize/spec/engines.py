@@ -9,11 +9,42 @@ symmetric, 4 or 8 bits (layers/quantization/auto_gptq.py TYPE_MAP), and native A
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from quantize.spec.methods import METHODS
 from quantize.spec.schemes import SCHEMES
+from quantize.spec.yamlio import one_of
+
+
+def _native_rules(r: Any) -> str | None:
+    """What the native-format engines (GPTQModel, AutoAWQ) take of a recipe: their own fixed
+    layer selection and algorithm settings; None when the recipe asks for nothing else."""
+    for name in ("overrides", "smoothquant", "kv_cache", "observer"):
+        if getattr(r, name):
+            return f"`{name}` is supported on backend llmcompressor only; remove it"
+    if r.targets != ["Linear"] or r.ignore != ["lm_head"]:
+        return (f"backend {r.backend} quantizes every Linear of the decoder layers and never "
+                "lm_head; use targets: [Linear] and ignore: [lm_head]")
+    if r.gptq is not None and r.gptq.block_size != 128:
+        return "gptqmodel's GPTQ block size is fixed at 128; remove gptq.block_size"
+    if r.awq is not None and r.awq.n_grid != 20:
+        return f"{r.backend}'s AWQ scale search uses a fixed grid of 20; remove awq.n_grid"
+    if r.awq is not None and r.awq.search_samples is not None:
+        return (f"{r.backend}'s AWQ searches on every calibration sample; remove "
+                "awq.search_samples")
+    if r.awq is not None and r.awq.duo_scaling == "both":
+        return f"{r.backend} cannot search both scalings; set awq.duo_scaling to true or false"
+    return None
+
+
+def _gptqmodel_rules(r: Any) -> str | None:
+    if (why := _native_rules(r)) is not None:
+        return why
+    if r.awq is not None and r.awq.duo_scaling is not True:
+        return "gptqmodel's AWQ always uses duo scaling; set awq.duo_scaling: true"
+    return None
 
 
 @dataclass(frozen=True)
@@ -23,16 +54,20 @@ class Engine:
     label: str  # how cards and docs name it
     extra: str  # the pip extra that installs it
     methods: dict[str, tuple[str, ...]]  # method -> schemes it makes
+    # the engine's own recipe rules beyond its methods and schemes: why not, or None
+    rules: Callable[[Any], str | None] | None = None
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (
     Engine("llmcompressor", "quantize.backends.llmcompressor", "llm-compressor", "",
            {m: tuple(SCHEMES) for m in METHODS}),
     Engine("gptqmodel", "quantize.backends.gptqmodel", "GPTQModel", "gptqmodel",
-           {"gptq": ("W4A16", "W8A16"), "awq": ("W4A16_ASYM",)}),
+           {"gptq": ("W4A16", "W8A16"), "awq": ("W4A16_ASYM",)}, _gptqmodel_rules),
     Engine("autoawq", "quantize.backends.autoawq", "AutoAWQ", "autoawq",
-           {"awq": ("W4A16_ASYM",)}),
+           {"awq": ("W4A16_ASYM",)}, _native_rules),
 )}
+# the names a recipe's `backend:` takes: the table's keys, looked up at validation
+BackendName = one_of(ENGINES)
 # the engines that write native GPTQ/AWQ checkpoints, by method
 ENGINE_SCHEMES: dict[str, dict[str, tuple[str, ...]]] = {
     name: e.methods for name, e in ENGINES.items() if name != "llmcompressor"}
@@ -43,8 +78,10 @@ _WHY_SCHEME = {"gptq": "vLLM loads native GPTQ only symmetric with 4 or 8 bits",
 
 def check_recipe(r: Any) -> None:
     """The recipe (a quantize.spec.recipe.Recipe, which calls this from its validator) asks
-    only for what the chosen engine does (and vLLM then loads)."""
-    methods = ENGINES[r.backend].methods
+    only for what the chosen engine does (and vLLM then loads): its methods and schemes,
+    then its own rules."""
+    engine = ENGINES[r.backend]
+    methods = engine.methods
     fix = "or set backend: llmcompressor"
     if r.method not in methods:
         raise ValueError(f"backend {r.backend} runs method {'/'.join(methods)} only, not "
@@ -53,27 +90,5 @@ def check_recipe(r: Any) -> None:
     if r.scheme not in schemes:
         raise ValueError(f"backend {r.backend}: {_WHY_SCHEME[r.method]}; use scheme "
                          f"{' or '.join(schemes)} for method {r.method} {fix}")
-    for name in ("overrides", "smoothquant", "kv_cache", "observer"):
-        if getattr(r, name):
-            raise ValueError(f"`{name}` is supported on backend llmcompressor only; remove "
-                             f"it {fix}")
-    if r.targets != ["Linear"] or r.ignore != ["lm_head"]:
-        raise ValueError(f"backend {r.backend} quantizes every Linear of the decoder layers "
-                         f"and never lm_head; use targets: [Linear] and ignore: [lm_head] {fix}")
-    if r.gptq is not None and r.gptq.block_size != 128:
-        raise ValueError("gptqmodel's GPTQ block size is fixed at 128; remove gptq.block_size "
-                         f"{fix}")
-    if r.awq is not None and r.awq.n_grid != 20:
-        raise ValueError(f"{r.backend}'s AWQ scale search uses a fixed grid of 20; remove "
-                         f"awq.n_grid {fix}")
-    if r.awq is not None and r.awq.search_samples is not None:
-        raise ValueError(f"{r.backend}'s AWQ searches on every calibration sample; remove "
-                         f"awq.search_samples {fix}")
-    if r.awq is not None and r.awq.duo_scaling is not True and r.backend == "gptqmodel":
-        raise ValueError(f"gptqmodel's AWQ always uses duo scaling; set awq.duo_scaling: true "
-                         f"{fix}")
-    if r.awq is not None and r.awq.duo_scaling == "both":
-        raise ValueError(f"{r.backend} cannot search both scalings; set awq.duo_scaling to true "
-                         f"or false {fix}")
-
-
+    if engine.rules is not None and (why := engine.rules(r)) is not None:
+        raise ValueError(f"{why} {fix}")

@@ -2,7 +2,7 @@
 
 Recipe validation, the resource check (what calibration holds in memory), the planner's prior
 recovery and the model card read it; adding a method is one `Method` entry, its modifier list
-in quantize/backends/llmcompressor.py, and its tests.
+in quantize/backends/llmcompressor.py `MODIFIERS`, and its tests.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-MethodName = Literal["gptq", "awq", "rtn", "autoround", "awq+gptq"]
+from quantize.spec.yamlio import one_of
+
 # weight observers a recipe may pick (llm-compressor 0.14's registry, llmcompressor/observers):
 # minmax is the library default; mse searches a shrunk range that minimises the weight's
 # squared error; imatrix_mse weights that error by each input channel's E[x^2] on the
@@ -52,3 +53,5 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "AWQ smoothing, then GPTQ on the smoothed weights (llm-compressor composes them)"),
 )}
 OPTION_BLOCKS = ("gptq", "awq", "autoround")
+# the names a recipe's `method:` takes: the table's keys, looked up at validation
+MethodName = one_of(METHODS)

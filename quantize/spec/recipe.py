@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quantize.errors import RecipeError
-from quantize.spec.engines import check_recipe
+from quantize.spec.engines import BackendName, check_recipe
 from quantize.spec.methods import METHODS, OPTION_BLOCKS, MethodName, ObserverName
 from quantize.spec.paths import PROJECT_ROOT, contained
 from quantize.spec.schemes import SCHEMES, SchemeName
@@ -210,7 +210,7 @@ class SmoothQuantOptions(Strict):
 class Recipe(Strict):
     name: Name
     description: str = Field(min_length=1, description="one line shown by `quantize recipes`")
-    backend: Literal["llmcompressor", "gptqmodel", "autoawq"] = Field(
+    backend: BackendName = Field(
         default="llmcompressor", description="the engine: llmcompressor (compressed-tensors "
         "checkpoints), gptqmodel (native GPTQ/AWQ), autoawq (native AWQ, legacy)")
     method: MethodName

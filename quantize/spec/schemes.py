@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from quantize.spec.yamlio import one_of
+
 Activations = Literal["none", "int8-dynamic", "fp8-dynamic", "fp8-static",
                       # FP4 activations, per group of 16 (NVFP4: FP8 local scales computed at
                       # run time under a global scale calibrated on data) or 32 (MXFP4: E8M0
@@ -110,8 +112,8 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in (
     Scheme("FP8_BLOCK", 8, "float", True, False, "fp8-dynamic-group", "FP8-block",
            block=(128, 128)),
 )}
-SchemeName = Literal["W4A16", "W4A16_ASYM", "W3A16", "W2A16", "W8A16", "W8A8", "FP8_DYNAMIC",
-                     "FP8", "NVFP4", "NVFP4A16", "MXFP4", "MXFP4A16", "FP8_BLOCK"]
+# the names a recipe's `scheme:` takes: the table's keys, looked up at validation
+SchemeName = one_of(SCHEMES)
 
 
 # --- where vLLM runs each kernel family ---------------------------------------------------

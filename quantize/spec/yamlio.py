@@ -3,11 +3,13 @@ schema errors can point at the line to fix."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, ValidationError
+from pydantic_core import PydanticCustomError
 
 from quantize.errors import RecipeError, compose
 
@@ -138,3 +140,19 @@ def parse_model(model: type[M], text: str, source: str) -> M:
             line, problem, hint = parts[0]
             raise RecipeError(problem=problem, hint=hint, path=source, line=line) from None
         raise RecipeError(format_validation_error(exc, source, lines), path=source) from None
+
+
+def one_of(table: Mapping[str, Any]) -> Any:
+    """A string field whose values are a table's keys, looked up when a document is validated
+    (an entry added to the table is a valid value at once), refused as pydantic refuses a
+    Literal: "Input should be 'a', 'b' or 'c'"."""
+    def check(value: str) -> str:
+        if value not in table:
+            names = [repr(k) for k in table]
+            expected = names[0] if len(names) == 1 else \
+                ", ".join(names[:-1]) + f" or {names[-1]}"
+            raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                      {"expected": expected})
+        return value
+
+    return Annotated[str, AfterValidator(check)]

@@ -110,15 +110,15 @@ def test_rerun_skips_unchanged_stages_and_rebuilds_tampered_ones(
     second = run(opts).manifest
     err = capsys.readouterr().err
     assert err.count("skip") == 3 and "inputs unchanged" in err
-    assert second["stages"]["export"]["ended"] == first["stages"]["export"]["ended"]
+    assert second.stages["export"].ended == first.stages["export"].ended
     # tamper with the export's config: the next run notices and rebuilds the export only
     c = tmp_path / "run" / "export" / "config.json"
     c.write_text(c.read_text().replace("quantization_config", "quantisation_config"))
     third = run(opts).manifest
     err = capsys.readouterr().err
     assert "export: outputs no longer match the manifest" in err
-    assert third["stages"]["export"]["outputs"] == first["stages"]["export"]["outputs"]
-    assert third["stages"]["quantize"]["ended"] == first["stages"]["quantize"]["ended"]
+    assert third.stages["export"].outputs == first.stages["export"].outputs
+    assert third.stages["quantize"].ended == first.stages["quantize"].ended
     # truncate a weight file in place: it is hard-linked to the quantize stage's, so that
     # stage is found damaged too and both are rebuilt, to the same bytes
     w = tmp_path / "run" / "export" / "model.safetensors"
@@ -128,7 +128,7 @@ def test_rerun_skips_unchanged_stages_and_rebuilds_tampered_ones(
     assert "quantize: outputs no longer match the manifest" in err
     assert "skip quantize" not in err
     # the same files; only the export's manifest.json differs (it records stage timings)
-    outs = [{k: v for k, v in m["stages"]["export"]["outputs"].items() if k != "manifest.json"}
+    outs = [{k: v for k, v in m.stages["export"].outputs.items() if k != "manifest.json"}
             for m in (first, fourth)]
     assert outs[0] == outs[1]
 
@@ -148,9 +148,9 @@ def test_the_model_is_fingerprinted_while_it_quantizes_and_a_changed_model_rerun
     opts = RunOptions(recipe="fp8-dynamic", model=str(model), out=tmp_path / "run",
                       dataset=str(small_calibration), until="export", device="cpu")
     first = run(opts).manifest
-    fp = first["model"]["fingerprint"]
+    fp = first.model.fingerprint
     assert fp == model_fingerprint(resolve_model(str(model)))
-    assert first["stages"]["quantize"]["inputs"]["model"]["fingerprint"] == fp
+    assert first.stages["quantize"].inputs["model"]["fingerprint"] == fp
     export_meta = json.loads((tmp_path / "run" / "export" / "manifest.json").read_text())
     assert export_meta["model"]["fingerprint"] == fp
     assert json.loads((tmp_path / "run" / "manifest.json").read_text())["model"][
@@ -165,7 +165,7 @@ def test_the_model_is_fingerprinted_while_it_quantizes_and_a_changed_model_rerun
     second = run(opts).manifest
     err = capsys.readouterr().err
     assert "quantize: inputs changed (model)" in err
-    assert second["model"]["fingerprint"] != fp
+    assert second.model.fingerprint != fp
 
 
 def _suite(tmp_path: Path, threshold: float) -> Path:
