@@ -53,14 +53,15 @@ class Engine:
     module: str  # imported only when a recipe uses the engine
     label: str  # how cards and docs name it
     extra: str  # the pip extra that installs it
-    methods: dict[str, tuple[str, ...]]  # method -> schemes it makes
+    # method -> schemes it makes; None: every method and scheme of the tables (read when a
+    # recipe is checked, so a new table entry is taken at once)
+    methods: dict[str, tuple[str, ...]] | None
     # the engine's own recipe rules beyond its methods and schemes: why not, or None
     rules: Callable[[Any], str | None] | None = None
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (
-    Engine("llmcompressor", "quantize.backends.llmcompressor", "llm-compressor", "",
-           {m: tuple(SCHEMES) for m in METHODS}),
+    Engine("llmcompressor", "quantize.backends.llmcompressor", "llm-compressor", "", None),
     Engine("gptqmodel", "quantize.backends.gptqmodel", "GPTQModel", "gptqmodel",
            {"gptq": ("W4A16", "W8A16"), "awq": ("W4A16_ASYM",)}, _gptqmodel_rules),
     Engine("autoawq", "quantize.backends.autoawq", "AutoAWQ", "autoawq",
@@ -70,7 +71,7 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
 BackendName = one_of(ENGINES)
 # the engines that write native GPTQ/AWQ checkpoints, by method
 ENGINE_SCHEMES: dict[str, dict[str, tuple[str, ...]]] = {
-    name: e.methods for name, e in ENGINES.items() if name != "llmcompressor"}
+    name: e.methods for name, e in ENGINES.items() if e.methods is not None}
 
 _WHY_SCHEME = {"gptq": "vLLM loads native GPTQ only symmetric with 4 or 8 bits",
                "awq": "vLLM's AWQ Marlin kernel needs 4-bit weights with zero points"}
@@ -81,7 +82,8 @@ def check_recipe(r: Any) -> None:
     only for what the chosen engine does (and vLLM then loads): its methods and schemes,
     then its own rules."""
     engine = ENGINES[r.backend]
-    methods = engine.methods
+    methods = engine.methods if engine.methods is not None else \
+        {m: tuple(SCHEMES) for m in METHODS}
     fix = "or set backend: llmcompressor"
     if r.method not in methods:
         raise ValueError(f"backend {r.backend} runs method {'/'.join(methods)} only, not "
