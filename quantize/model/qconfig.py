@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quantize.errors import QuantizeError
 from quantize.model.config import ModelConfig
-from quantize.spec.schemes import SCHEMES, Scheme
+from quantize.spec.schemes import SCHEMES, Scheme, kernel_family
 
 NATIVE_METHODS = ("gptq", "awq")
 KNOWN_METHODS = ("compressed-tensors", *NATIVE_METHODS, "fp8")
@@ -134,18 +134,8 @@ class Group:
         w, a = self.weights, self.activations
         if w is None:
             return "dense"
-        if w.type == "float" and w.num_bits == 4:  # NVFP4 (groups of 16) / MXFP4 (32)
-            fam = "nvfp4" if w.strategy == "tensor_group" else "mxfp4"
-            return fam if a is not None else f"{fam}-weight-only"
-        if w.type == "float" and w.num_bits == 8 and w.strategy == "block":
-            return "fp8-block"
-        if w.type == "float" and w.num_bits == 8:
-            return "fp8-weight-only" if a is None else "fp8-w8a8"
-        if a is None:
-            return "int-weight-only" if w.type == "int" else "other"
-        if w.type == "int" and w.num_bits == 8 and a.num_bits == 8 and a.type == "int":
-            return "int8-w8a8"
-        return "other"
+        return kernel_family(w.type, w.num_bits, None if a is None else (a.type, a.num_bits),
+                             nv_groups=w.strategy == "tensor_group", block=w.strategy == "block")
 
     @property
     def scheme(self) -> Scheme | None:

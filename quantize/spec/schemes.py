@@ -25,6 +25,26 @@ KernelFamily = Literal["int-weight-only", "int8-w8a8", "fp8-w8a8", "fp8-weight-o
                        "fp8-block"]
 
 
+def kernel_family(weight_type: str, bits: int | None, acts: tuple[str, int | None] | None, *,
+                  nv_groups: bool, block: bool) -> KernelFamily:
+    """The vLLM kernel family (KERNELS) of weights of `weight_type` and `bits` with activations
+    (type, bits) or None (weight-only): one classifier for the scheme table (Scheme.kernel)
+    and for checkpoints (quantize.model.qconfig.Group.kernel). `nv_groups`: FP4 in groups of
+    16 with a global scale (NVFP4; else MXFP4); `block`: weights in 2-D blocks (block FP8)."""
+    if weight_type == "float" and bits == 8 and block:
+        return "fp8-block"
+    if weight_type == "float" and bits == 4:  # NVFP4 (groups of 16) / MXFP4 (32)
+        fam = "nvfp4" if nv_groups else "mxfp4"
+        return fam if acts is not None else f"{fam}-weight-only"  # type: ignore[return-value]
+    if weight_type == "float" and bits == 8:
+        return "fp8-weight-only" if acts is None else "fp8-w8a8"
+    if acts is None:
+        return "int-weight-only" if weight_type == "int" else "other"
+    if weight_type == "int" and bits == 8 and acts == ("int", 8):
+        return "int8-w8a8"
+    return "other"
+
+
 @dataclass(frozen=True)
 class Scheme:
     """One compressed-tensors preset (the name a recipe's `scheme:` takes)."""
@@ -48,16 +68,11 @@ class Scheme:
 
     @property
     def kernel(self) -> KernelFamily:
-        if self.block is not None:
-            return "fp8-block"
-        if self.weight_type == "float" and self.weight_bits == 4:
-            fam = "nvfp4" if self.fixed_group == 16 else "mxfp4"
-            return fam if self.activations != "none" else f"{fam}-weight-only"  # type: ignore
-        if self.weight_type == "float":
-            return "fp8-weight-only" if self.activations == "none" else "fp8-w8a8"
-        if self.activations == "none":
-            return "int-weight-only"
-        return "int8-w8a8"
+        acts = None if self.activations == "none" else (
+            ("int", 8) if self.activations.startswith("int8") else
+            ("float", 4 if self.activations.startswith("fp4") else 8))
+        return kernel_family(self.weight_type, self.weight_bits, acts,
+                             nv_groups=self.fixed_group == 16, block=self.block is not None)
 
     @property
     def packed(self) -> bool:
