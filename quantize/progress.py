@@ -30,13 +30,3 @@ def step(msg: str) -> Iterator[None]:
         console.print(f"[red]✗[/red] {msg} (after {time.perf_counter() - t0:.1f}s)")
         raise
     console.print(f"[green]✓[/green] {msg} ({time.perf_counter() - t0:.1f}s)")
-
-
-def human_bytes(n: float, top: str = "TiB") -> str:
-    """A byte count in the largest binary unit below 1024, up to `top` (B, KiB, ... TiB)."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    for unit in units[: units.index(top) + 1]:
-        if abs(n) < 1024 or unit == top:
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} {top}"

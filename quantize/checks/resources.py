@@ -35,6 +35,7 @@ from quantize.model.config import ModelConfig, weight_bytes
 from quantize.progress import info
 from quantize.spec.methods import METHODS
 from quantize.spec.recipe import Recipe
+from quantize.textfmt import human_bytes
 
 GiB = 2**30
 # Host RAM: calibration keeps the model, a second copy during save/compression and the
@@ -244,7 +245,7 @@ class DiskNeed:
 
 
 def _size(n: int) -> str:
-    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
+    return human_bytes(n, top="GiB", digits=2 if n >= GiB else 1)
 
 
 def check_disk(needs: list[DiskNeed], *, free: Any = None) -> dict[str, dict[str, int]]:

@@ -10,9 +10,9 @@ from quantize.cli.app import handle_errors, main
 
 
 def _size(n: int) -> str:
-    from quantize.report.card import human_bytes
+    from quantize.textfmt import human_bytes
 
-    return human_bytes(n)
+    return human_bytes(n, top="GiB")
 
 
 @main.command("publish")

@@ -8,8 +8,9 @@ import click
 from rich.table import Table
 
 from quantize.pipeline.stages import names
-from quantize.progress import console, human_bytes
+from quantize.progress import console
 from quantize.run.results import ExportSummary, GateResult
+from quantize.textfmt import human_bytes
 
 if TYPE_CHECKING:
     from quantize.pipeline import Pipeline

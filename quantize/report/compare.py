@@ -19,6 +19,7 @@ from quantize.run.results import (
     MetricRow,
     QuantizeSummary,
 )
+from quantize.textfmt import md_table
 
 if TYPE_CHECKING:
     from quantize.report.answers import AnswerSheet
@@ -99,7 +100,7 @@ def markdown(rows: list[CompareRow]) -> str:
     asked = any(r.answers is not None for r in rows)
     if asked:
         head.insert(-1, "answers (vLLM)")
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    table: list[list[str]] = []
     for r in rows:
         cells = [r.run, r.recipe, r.engine, f"{r.weights_bytes / 2**20:.1f}",
                  f"{r.baseline_bytes / r.weights_bytes:.2f}×"]
@@ -111,7 +112,8 @@ def markdown(rows: list[CompareRow]) -> str:
         if asked:
             answered = r.answers
             cells.insert(-1, "—" if answered is None else f"{answered.right}/{answered.total}")
-        lines.append("| " + " | ".join(cells) + " |")
+        table.append(cells)
+    lines = md_table(head, table)
     base = rows[0]
     note = (f"\nBaseline: {base.baseline_bytes / 2**20:.1f} MiB"
             + (f", perplexity {base.ppl_baseline:.4g}" if base.ppl_baseline else "")

@@ -19,6 +19,7 @@ from pathlib import Path
 from quantize.run.files import atomic_write_json, atomic_write_text
 from quantize.run.results import EvalMetrics, GateResult, GateSummary, MetricRow
 from quantize.spec.recipe import MetricSpec
+from quantize.textfmt import md_table
 
 NAME = "gate"
 Z = 1.96
@@ -78,15 +79,12 @@ def decide(metrics: list[MetricRow]) -> GateResult:
 
 
 def markdown(result: GateResult) -> str:
-    lines = [f"# Gate: {result.verdict.upper()}", "",
-             "| metric | direction | baseline | candidate | recovery | threshold | verdict "
-             "| note |",
-             "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
-    for r in result.rows:
-        lines.append(
-            f"| {r.name} | {r.direction.replace('_', ' ')} | {r.baseline:.4g} | "
-            f"{r.candidate:.4g} | {r.recovery:.2%} | {r.threshold:.2%} | "
-            f"{r.verdict} | {r.note} |")
+    lines = [f"# Gate: {result.verdict.upper()}", "", *md_table(
+        ("metric", "direction", "baseline", "candidate", "recovery", "threshold", "verdict",
+         "note"),
+        [(r.name, r.direction.replace("_", " "), f"{r.baseline:.4g}", f"{r.candidate:.4g}",
+          f"{r.recovery:.2%}", f"{r.threshold:.2%}", r.verdict, r.note) for r in result.rows],
+        right=(2, 3, 4, 5))]
     if result.failures:
         lines += ["", f"Blocking failures: {', '.join(result.failures)}. Not releasable."]
     return "\n".join(lines) + "\n"

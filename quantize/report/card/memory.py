@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from quantize.errors import QuantizeError
 from quantize.model.config import ModelConfig, config_dtype, dtype_bytes, kv_dims, model_shape
 from quantize.planner import kv
-from quantize.progress import human_bytes as _human_bytes
 from quantize.report.card.inputs import CardInputs
+from quantize.textfmt import human_bytes as _human_bytes
 
 
 def human_bytes(n: float) -> str:

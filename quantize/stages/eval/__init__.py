@@ -42,6 +42,7 @@ from quantize.run.results import (
 )
 from quantize.spec.recipe import EvalSuite, MetricSpec, canonical_hash
 from quantize.stages.eval.engine import EngineChoice, EngineKey
+from quantize.textfmt import md_table
 
 NAME = "eval"
 
@@ -205,12 +206,11 @@ def markdown(result: EvalResult) -> str:
              f"Candidate `{result.candidate.path}` vs baseline "
              f"`{result.baseline.path}` on {result.device}, scored by "
              f"{_engine_line(result.engine)}.", "",
-             "| metric | n | baseline | candidate | recovery | threshold |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for r in result.metrics:
-        err = f" ± {r.candidate_stderr:.3f}" if r.candidate_stderr else ""
-        lines.append(f"| {r.name} | {r.n} | {r.baseline:.4g} | "
-                     f"{r.candidate:.4g}{err} | {r.recovery:.2%} | {r.threshold:.2%} |")
+             *md_table(("metric", "n", "baseline", "candidate", "recovery", "threshold"),
+                       [(r.name, r.n, f"{r.baseline:.4g}", f"{r.candidate:.4g}" + (
+                           f" ± {r.candidate_stderr:.3f}" if r.candidate_stderr else ""),
+                         f"{r.recovery:.2%}", f"{r.threshold:.2%}") for r in result.metrics],
+                       right=(1, 2, 3, 4, 5))]
     for r in result.metrics:
         if r.name == "expert_coverage":  # MoE exports (quantize/metrics.py)
             lines += ["", *expert_coverage_lines(r)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from quantize.stages.verify.result import AgreementMetrics, DecodeMetrics, VerifySummary
+from quantize.textfmt import md_table
 
 
 def one_line(s: VerifySummary) -> str:
@@ -56,9 +57,8 @@ def render(s: VerifySummary) -> str:
                 lines.append(f"  - {kind}: `{key}` × {e.count} (e.g. {e.example})")
     m = s.metrics.to_json() if s.metrics is not None else {}
     if m:
-        lines += ["", "| metric | value |", "| --- | --- |"]
-        lines += [f"| {k} | {val} |" for k, val in m.items()
-                  if k not in ("failures", "non_tie_disagreements")]
+        lines += ["", *md_table(("metric", "value"), [
+            (k, val) for k, val in m.items() if k not in ("failures", "non_tie_disagreements")])]
     if s.serve_command:
         lines += ["", "Reproduce the load:", "", "```", s.serve_command, "```"]
     return "\n".join(lines) + "\n"
