@@ -104,11 +104,16 @@ def model_size(model: Any, recipe: Recipe) -> ModelSize:
 
 
 # --- host RAM ----------------------------------------------------------------------------
+def weight_bytes_on(params: int, device: str, dtype_bytes: int = 2) -> int:
+    """The weights as the work holds them: fp32 on the CPU (quantizing and the hf engine
+    compute there in fp32), the model's 16-bit dtype on a GPU."""
+    return params * (4 if device == "cpu" else dtype_bytes)
+
+
 def estimate_host_bytes(params: int, device: str) -> int:
     """Host RAM needed to quantize: fp32 weights on CPU; 16-bit weights held on the host
     (memory-mapped, then staged for saving) when a GPU does the work."""
-    bytes_per_param = 4 if device == "cpu" else 2
-    return int(params * bytes_per_param * _OVERHEAD)
+    return int(weight_bytes_on(params, device) * _OVERHEAD)
 
 
 def host_free_bytes() -> int:
@@ -222,7 +227,7 @@ def check_memory(meta: Any, recipe: Recipe, config: ModelConfig, device: str,
     else:
         from quantize.checks.placement import host_plan
 
-        weights = size.params * (4 if device == "cpu" else weight_bytes(config))
+        weights = weight_bytes_on(size.params, device, weight_bytes(config))
         facts = host_plan(estimate_host_bytes(size.params, device), weights,
                           host_free_bytes(), world_size, offload_dir).facts()
     if device != "cpu":

@@ -111,12 +111,17 @@ def offload_bytes(meta: Any, recipe: Any, config: ModelConfig, device: str,
     """Weights that spill to the offload folder when host RAM is short (the quantize stage's
     own choice: quantize.checks.placement), else 0."""
     from quantize.checks.placement import choose_host
-    from quantize.checks.resources import estimate_host_bytes, host_free_bytes, model_size
+    from quantize.checks.resources import (
+        estimate_host_bytes,
+        host_free_bytes,
+        model_size,
+        weight_bytes_on,
+    )
     from quantize.model.config import weight_bytes
     from quantize.run.files import free_bytes
 
     params = model_size(meta, recipe).params
-    weights = params * (4 if device == "cpu" else weight_bytes(config))
+    weights = weight_bytes_on(params, device, weight_bytes(config))
     plan = choose_host(estimate_host_bytes(params, device), weights, host_free_bytes(),
                        free_bytes(offload_dir))
     return plan.disk_bytes

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
+from quantize.checks.resources import weight_bytes_on
 from quantize.errors import EvalError
 from quantize.model.config import read_config, weight_bytes
 
@@ -93,7 +94,7 @@ def dense_eval_bytes(model_path: Path, device: str) -> int:
     stored = sum(p.stat().st_size for p in model_path.glob("*.safetensors")) or sum(
         p.stat().st_size for p in model_path.glob("*.bin"))
     params = stored // weight_bytes(config)
-    return int(params * (4 if device == "cpu" else 2) * HF_OVERHEAD)
+    return int(weight_bytes_on(params, device) * HF_OVERHEAD)
 
 
 def free_bytes(device: str) -> int:
