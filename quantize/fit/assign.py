@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from quantize.errors import FitError, PlanError
+from quantize.errors import FitError
 from quantize.fit import knapsack
 from quantize.fit.budget import Budget, Serving, nearest, weight_budget
 from quantize.fit.sensitivity import Costs
@@ -61,7 +61,7 @@ def setup(model_spec: str, base: Recipe, serving: Serving | None, max_weights: i
     bits = check_bits(base, bits)
     source = load_source(model_spec)
     model = meta(source.config)
-    shape = model_shape(source.config, model.config, error=PlanError)
+    shape = model_shape(source.config, model.config)
     units = build_units(model, base, bits, shape.dtype_bytes)
     if serving is not None:
         budget = weight_budget(shape, serving, units.replicated, units.group)

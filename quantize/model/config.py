@@ -152,20 +152,21 @@ def config_path(folder: Path) -> Path:
     return folder / CONFIG
 
 
-def read_config(folder: Path, *, error: type[Exception] = ModelError) -> ModelConfig:
-    """config.json of a model or checkpoint folder, typed; `error` (a QuantizeError class)
-    names what is wrong when the file is missing or not a JSON object."""
+def read_config(folder: Path) -> ModelConfig:
+    """config.json of a model or checkpoint folder, typed; ModelError (its fields: problem,
+    hint, path) when the file is missing or not a JSON object."""
     path = folder / CONFIG
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise error(f"{folder} has no {CONFIG}; point at the folder that holds config.json "
-                    "and the weights") from None
+        raise ModelError(problem=f"has no {CONFIG}", path=folder, path_sep=" ",
+                         hint="point at the folder that holds config.json and the "
+                              "weights") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise error(f"{path}: config.json is not valid JSON ({exc}); fix or re-download it") \
-            from None
+        raise ModelError(problem=f"config.json is not valid JSON ({exc})", path=path,
+                         hint="fix or re-download it") from None
     if not isinstance(data, dict):
-        raise error(f"{path}: expected a JSON object")
+        raise ModelError(problem="expected a JSON object", path=path)
     return ModelConfig.model_validate(data)
 
 
@@ -194,14 +195,14 @@ def weight_bytes(config: ModelConfig) -> int:
     return 4 if (config_dtype(config) or "bfloat16") in ("float32", "float") else 2
 
 
-def serving_dtype_bytes(config: ModelConfig, *, error: type[Exception] = ModelError) -> int:
+def serving_dtype_bytes(config: ModelConfig) -> int:
     """Bytes per unquantized weight and KV element in vLLM: dtype=auto serves bf16/fp16
     checkpoints as they are and fp32 ones (e.g. gemma-2) in 16 bits, so always 2; a dtype
     that is not a float checkpoint dtype is refused."""
     name = config_dtype(config) or "bfloat16"
     if name not in _SERVED:
-        raise error(f"config.json dtype {name!r} is not bfloat16/float16/float32; plan from the "
-                    "unquantized model's config")
+        raise ModelError(f"config.json dtype {name!r} is not bfloat16/float16/float32; plan from "
+                         "the unquantized model's config")
     return 2
 
 
@@ -271,8 +272,7 @@ class Shape:
         return max(1, self.kv_heads // tp)
 
 
-def model_shape(config: ModelConfig, hf: Any = None, *,
-                error: type[Exception] = ModelError) -> Shape:
+def model_shape(config: ModelConfig, hf: Any = None) -> Shape:
     """The architecture of `config` (`hf`: its transformers config when already built)."""
     c = hf if hf is not None else hf_config(config)
     text = getattr(c, "text_config", None) or c
@@ -298,7 +298,7 @@ def model_shape(config: ModelConfig, hf: Any = None, *,
         intermediate=int(getattr(text, "intermediate_size", 0) or 0), layers=layers, heads=heads,
         kv_heads=kv, head_dim=head_dim, vocab=int(text.vocab_size),
         max_position=getattr(text, "max_position_embeddings", None),
-        dtype_bytes=serving_dtype_bytes(config, error=error), layer_kinds=kinds,
+        dtype_bytes=serving_dtype_bytes(config), layer_kinds=kinds,
         sliding_window=int(window) if window and "sliding" in kinds else None,
         mla_latent=mla, experts=experts,
         experts_per_token=int(getattr(text, "num_experts_per_tok", 0) or 0),

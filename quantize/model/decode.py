@@ -324,7 +324,7 @@ def build_reference(ckpt: Path, config: ModelConfig) -> tuple[Any, dict[str, tor
     moe.linearize(model)  # MoE: one Linear per expert projection, as the export stores them
     rename = moe_load.model_namer(model)  # stored names -> the model's (Mixtral's differ)
     qc = require_quant_config(moe_load.in_model_terms(config, rename), f"{ckpt}: ",
-                              "there is nothing to decode", error=VerifyError)
+                              "there is nothing to decode")
     raw = moe_load.stored_tensors(ckpt, rename)
     if (kv := qc.kv_cache) is not None:  # K/V quantized on their way into the cache, too
         kv_quant.quantize_kv_cache(model, raw, kv,

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from quantize.errors import QuantizeError
+from quantize.errors import ModelError
 from quantize.model.config import ModelConfig
 from quantize.spec.schemes import SCHEMES, Scheme, kernel_family
 
@@ -243,20 +243,21 @@ def _fp8_block(qc: QuantizationJSON) -> QuantConfig:
                        ("lm_head", *(qc.modules_to_not_convert or ())), version=qc.version)
 
 
-def parse(raw: dict[str, Any], *, error: type[Exception] = QuantizeError) -> QuantConfig:
-    """A quantization_config as written (JSON) as a QuantConfig; `error` for an unknown method
-    or a key of the wrong type."""
+def parse(raw: dict[str, Any]) -> QuantConfig:
+    """A quantization_config as written (JSON) as a QuantConfig; ModelError for an unknown
+    method or a key of the wrong type."""
     method = raw.get("quant_method")
     if method not in KNOWN_METHODS:
-        raise error(f"{method_is(method)}; this project reads "
-                    "compressed-tensors, native gptq/awq and fp8 checkpoints")
+        raise ModelError(f"{method_is(method)}; this project reads "
+                         "compressed-tensors, native gptq/awq and fp8 checkpoints")
     try:
         qc = QuantizationJSON.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(x) for x in err["loc"])
-        raise error(f"config.json quantization_config.{where}: {err['msg']}; this project "
-                    "reads compressed-tensors, native gptq/awq and fp8 checkpoints") from None
+        raise ModelError(problem=f"config.json quantization_config.{where}: {err['msg']}",
+                         hint="this project reads compressed-tensors, native gptq/awq and fp8 "
+                              "checkpoints") from None
     if method in NATIVE_METHODS:
         return _native(qc)
     if method == "fp8":
@@ -269,20 +270,18 @@ def parse(raw: dict[str, Any], *, error: type[Exception] = QuantizeError) -> Qua
                        Args.read(qc.kv_cache_scheme), qc.format, version=qc.version)
 
 
-def read_quant_config(config: ModelConfig, *,
-                      error: type[Exception] = QuantizeError) -> QuantConfig | None:
+def read_quant_config(config: ModelConfig) -> QuantConfig | None:
     """The checkpoint's quantization_config, typed; None for an unquantized model."""
     qc = config.quantization_config
-    return parse(qc, error=error) if qc else None
+    return parse(qc) if qc else None
 
 
-def require_quant_config(config: ModelConfig, where: str, consequence: str, *,
-                         error: type[Exception] = QuantizeError) -> QuantConfig:
-    """The checkpoint's quantization_config, typed; `error` naming `where` (the file's folder
-    and separator) and `consequence` when the config has none."""
-    qc = read_quant_config(config, error=error)
+def require_quant_config(config: ModelConfig, where: str, consequence: str) -> QuantConfig:
+    """The checkpoint's quantization_config, typed; ModelError naming `where` (the file's
+    folder and separator) and `consequence` when the config has none."""
+    qc = read_quant_config(config)
     if qc is None:
-        raise error(f"{where}config.json has no quantization_config; {consequence}")
+        raise ModelError(f"{where}config.json has no quantization_config; {consequence}")
     return qc
 
 

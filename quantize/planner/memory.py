@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from quantize.errors import PlanError
 from quantize.model.config import Shape, model_shape
 from quantize.planner.gpus import Gpu
 from quantize.planner.kv import BLOCK, kv_bytes_per_token, request_bytes
@@ -171,7 +170,7 @@ def predict(model: str, gpu: Gpu, *, tp: int = 1, util: float = 0.9, context: in
 
     source = load_source(model)
     mdl = meta(source.config)
-    shape = model_shape(source.config, mdl.config, error=PlanError)
+    shape = model_shape(source.config, mdl.config)
     t_default, s_default = serve_defaults(gpu)
     if recipe is not None:
         group = resolve_group_size(recipe, targeted_layers(mdl, recipe.targets, recipe.ignore))

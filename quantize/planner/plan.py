@@ -135,7 +135,7 @@ def make_plan(req: PlanRequest) -> Plan:
         raise PlanError("--gpus, --max-model-len and --concurrency must be positive")
     source = load_source(req.model)
     model = meta(source.config)
-    shape = model_shape(source.config, model.config, error=PlanError)
+    shape = model_shape(source.config, model.config)
     profile = PROFILES[req.profile]
     t_default, _ = serve_defaults(req.gpu)
     batched = max(req.max_num_batched_tokens or t_default, req.seqs)

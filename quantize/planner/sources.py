@@ -151,7 +151,7 @@ def load_source(spec: str) -> ModelSource:
             raise PlanError(f"{path} has no config.json; give the folder that holds it, a run "
                             "folder, a built-in model or a Hub id")
         return ModelSource(spec, path.resolve().name, f"folder:{path}",
-                           _clean(read_config(path, error=PlanError)), str(path))
+                           _clean(read_config(path)), str(path))
     if spec == DEFAULT_MODEL:
         from quantize.model.source import resolve_model
 
@@ -176,7 +176,7 @@ def _from_run(folder: RunFolder, spec: str) -> ModelSource:
     if run is None:
         raise PlanError(f"{path}/manifest.json is not a run manifest; re-run the pipeline or "
                         "plan from the model itself")
-    config = without_quant_config(_clean(read_config(folder.export, error=PlanError)))
+    config = without_quant_config(_clean(read_config(folder.export)))
     base = Path(run.model_path)
     name = base.name or path.name
     serve = run.model_source if run.model_source not in ("", "default") else str(base)
@@ -193,4 +193,4 @@ def _hub_config(repo: str) -> ModelConfig:
         raise PlanError(f"cannot get config.json of {repo!r} from the Hub ({first}); pass a "
                         "local folder with config.json or one of the built-in models: "
                         f"{', '.join(builtin_configs())}") from None
-    return _clean(read_config(Path(file).parent, error=PlanError))
+    return _clean(read_config(Path(file).parent))

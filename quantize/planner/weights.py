@@ -249,7 +249,7 @@ def published_quant(config: ModelConfig) -> QuantConfig | None:
     """The checkpoint's quantization block, typed, when the planner can size it
     (compressed-tensors or block fp8); None for an unquantized config."""
     try:
-        qc = read_quant_config(config, error=PlanError)
+        qc = read_quant_config(config)
     except PlanError:  # a method the reader does not know
         raise PlanError(unsized_method(quant_method(config))) from None
     if qc is not None and qc.method not in SIZED_METHODS:

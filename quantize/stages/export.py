@@ -43,16 +43,15 @@ def check_checkpoint(folder: Path) -> ModelConfig:
     pickles = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl")]
     if pickles:
         raise ExportError(f"{folder} holds pickle files {pickles}; exports are safetensors only")
-    config = read_config(folder, error=ExportError)
-    require_quant_config(config, f"{folder}/", "vLLM would load it as an unquantized model",
-                         error=ExportError)
+    config = read_config(folder)
+    require_quant_config(config, f"{folder}/", "vLLM would load it as an unquantized model")
     return config
 
 
 def run(quantized: Path, recipe_text: str, manifest: ExportManifest, out: Path
         ) -> ExportSummary:
     """The export folder; `manifest`: its manifest.json without `files` (added here)."""
-    qc = read_quant_config(check_checkpoint(quantized), error=ExportError)
+    qc = read_quant_config(check_checkpoint(quantized))
     assert qc is not None  # check_checkpoint refused a checkpoint without one
     sources = [f for f in sorted(quantized.iterdir()) if f.is_file()]
     for i, f in enumerate(sources):

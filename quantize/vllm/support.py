@@ -94,7 +94,7 @@ class CheckpointFormat:
 def checkpoint_format(config: ModelConfig) -> CheckpointFormat:
     """A checkpoint's config.json as verify sees it; refuses quantization methods the export
     stage does not write."""
-    quant = read_quant_config(config, error=VerifyError)
+    quant = read_quant_config(config)
     if quant is not None and quant.method not in VERIFIED_METHODS:
         raise VerifyError(f"{method_is(quant.method)}; verify "
                           "handles compressed-tensors and native gptq/awq checkpoints (the "

@@ -78,7 +78,7 @@ def load_model(path: Path, device: str) -> tuple[Any, Any]:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     # fp32 on CPU (16-bit matmuls there are slow and add their own error); 16-bit on GPU.
     dtype = torch.float32 if device == "cpu" else "auto"
-    config = read_config(path, error=EvalError)
+    config = read_config(path)
     method = quant_method(config)
     try:
         if method in NATIVE_METHODS:
@@ -257,7 +257,7 @@ def serving_dtype(candidate: Path, choice: EngineChoice | None) -> str | None:
         return None
     from quantize.vllm import support
 
-    fmt = support.checkpoint_format(read_config(candidate, error=EvalError))
+    fmt = support.checkpoint_format(read_config(candidate))
     need = support.serving_dtype(fmt, choice.device)
     if need:
         return need.dtype

@@ -90,7 +90,7 @@ def requested_engine(cli: str | None, recipe: str | None, suite: str | None) -> 
 def dense_eval_bytes(model_path: Path, device: str) -> int:
     """Memory transformers needs to evaluate the dense model: its weights (fp32 on CPU, as
     the hf engine loads them there; 16-bit on a GPU) plus working room."""
-    config = read_config(model_path, error=EvalError)
+    config = read_config(model_path)
     stored = sum(p.stat().st_size for p in model_path.glob("*.safetensors")) or sum(
         p.stat().st_size for p in model_path.glob("*.bin"))
     params = stored // weight_bytes(config)
@@ -141,7 +141,7 @@ def vllm_problem(host: Any, candidate: Path, kv_cache_dtype: str) -> str | None:
 
     if host.vllm_python is None or host.problem:
         return str(host.problem)
-    fmt = support.checkpoint_format(read_config(candidate, error=EvalError))
+    fmt = support.checkpoint_format(read_config(candidate))
     ok = support.supported(fmt, host, kv_cache_dtype)
     return None if ok.ok else ok.reason.removeprefix("not verifiable on this host: ")
 

@@ -78,7 +78,7 @@ def evaluate(path: Path, suite: EvalSuite, choice: EngineChoice, label: str, wor
 
     assert choice.vllm_python is not None
     tok = AutoTokenizer.from_pretrained(path)
-    max_length = int(read_config(path, error=EvalError).max_position_embeddings or 2048)
+    max_length = int(read_config(path).max_position_embeddings or 2048)
     groups: list[ScoreGroup] = []
     asked: dict[str, list[Key]] = {}  # multiple choice: what lm-eval asks
     windows: dict[str, list[Window]] = {}  # perplexity kinds

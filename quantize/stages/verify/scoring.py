@@ -48,12 +48,12 @@ def load_hf(ckpt: Path) -> Any:
 
     from quantize.backends._native import native_load
 
-    quant = read_quant_config(read_config(ckpt, error=VerifyError), error=VerifyError)
+    quant = read_quant_config(read_config(ckpt))
     loading: Any = native_load(quant.method) if quant and quant.native else \
         contextlib.nullcontext()
     try:
         with loading:
-            config = read_config(ckpt, error=VerifyError)
+            config = read_config(ckpt)
             if quant and not quant.native and config_is_moe(config):
                 # one Linear per expert, as stored and as our decode builds it; transformers
                 # re-fuses them (and drops asymmetric zero points): quantize/model/moe.py

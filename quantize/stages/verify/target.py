@@ -38,7 +38,7 @@ def checkpoint_config(ckpt: Path) -> ModelConfig:
     """config.json of a checkpoint that has weights to verify."""
     if not list(ckpt.glob("*.safetensors")):
         raise VerifyError(f"{ckpt} has no *.safetensors weights; re-run the export")
-    return read_config(ckpt, error=VerifyError)
+    return read_config(ckpt)
 
 
 def source_model(ckpt: Path) -> Path | None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fixtures.verify_setup import oneshot_exports
 
-from quantize.errors import VerifyError
+from quantize.errors import ModelError, VerifyError
 from quantize.model import decode as D
 from quantize.model.config import ModelConfig
 from quantize.model.qconfig import Args
@@ -79,7 +79,7 @@ def test_formats_are_classified() -> None:
 def test_other_quant_methods_are_refused() -> None:
     # native gptq/awq (backend gptqmodel/autoawq) are handled:
     # tests/unit/backends/test_backend_engines.py
-    with pytest.raises(VerifyError, match=r"quant_method is 'bitsandbytes'"):
+    with pytest.raises(ModelError, match=r"quant_method is 'bitsandbytes'"):
         checkpoint_format({"quantization_config": {"quant_method": "bitsandbytes"}})
 
 
