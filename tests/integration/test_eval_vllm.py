@@ -92,9 +92,9 @@ def test_vllm_engine_agrees_with_hf_on_baseline_and_quantized_export(
         hf = stage.evaluate(path, SUITE, "cpu", f"hf {label}")
         got = ev[label]["results"]
         for name in ("wiki_ppl", "long_ppl"):
-            assert got[name]["n"] == hf[name]["n"]
-            rel = abs(got[name]["value"] / hf[name]["value"] - 1)
-            assert rel < tolerance[label], (label, name, got[name]["value"], hf[name]["value"])
+            assert got[name]["n"] == hf.metrics[name].n
+            rel = abs(got[name]["value"] / hf.metrics[name].value - 1)
+            assert rel < tolerance[label], (label, name, got[name]["value"], hf.metrics[name].value)
         # accuracy within noise: 30 examples, 16-bit vLLM vs fp32 transformers; a near-tie
         # may flip, more than three would be a scoring difference. fp8-dynamic also rounds
         # each token's activations to FP8 from a bf16 scale in vLLM and an fp32 one in
@@ -103,8 +103,8 @@ def test_vllm_engine_agrees_with_hf_on_baseline_and_quantized_export(
         flips = 5 if label == "candidate" and not int4 else 3
         row = next(r for r in ev["metrics"] if r["name"] == "general_knowledge")
         value = row["baseline" if label == "baseline" else "candidate"]
-        assert round(abs(value - hf["general_knowledge"]["value"]) * 30) <= flips, \
-            (label, value, hf["general_knowledge"]["value"])
+        assert round(abs(value - hf.metrics["general_knowledge"].value) * 30) <= flips, \
+            (label, value, hf.metrics["general_knowledge"].value)
 
 
 @pytest.mark.slow  # ~5 min on 2 cores (vLLM and transformers over 2k-token windows)
@@ -116,7 +116,7 @@ def test_long_context_metric_runs_with_an_fp8_kv_cache(default_model: Path,
     suite = EvalSuite(name="kv", metrics=[LONG])
     fp8 = vllm_engine.evaluate(default_model, suite, _choice(host, "fp8"), "fp8kv", tmp_path,
                                dtype="bfloat16", kv_cache_dtype="fp8")
-    assert fp8["_vllm"]["kv_cache_dtype"] == "fp8"
+    assert fp8.vllm is not None and fp8.vllm.kv_cache_dtype == "fp8"
     hf = evaluate(default_model, suite, "cpu", "hf")
-    rel = fp8["long_ppl"]["value"] / hf["long_ppl"]["value"] - 1
+    rel = fp8.metrics["long_ppl"].value / hf.metrics["long_ppl"].value - 1
     assert -0.01 < rel < 0.10, rel  # fp8 KV (scale 1) costs a little, never a lot
