@@ -86,6 +86,12 @@ def child(source: str, cache: str, out: str, result: str) -> None:
     os.chdir(source)
     os.environ["QUANTIZE_CACHE"] = cache
     t_import = time.perf_counter()
+    try:  # what the CLI does before torch loads (a source tree from before it lacks it)
+        from quantize.cli.app import openmp_waits_passively
+
+        openmp_waits_passively()
+    except ImportError:
+        pass
     from bench import profiler
 
     prof = profiler.Prof()
