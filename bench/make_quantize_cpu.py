@@ -176,14 +176,17 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
+    trees = []
+    passes = ["cold", "warm"] if a.cache == "both" else [a.cache]
     for spec in a.row:
         name, _, src = spec.partition("=")
         cache = fresh_cache(Path(a.model_cache), out / f"{name}.cache")
-        passes = ["cold", "warm"] if a.cache == "both" else [a.cache]
+        trees.append((name, Path(src).resolve(), cache))
         if passes == ["warm"]:  # fill the baseline cache first, untimed
             run_row(f"{name}-fill", Path(src).resolve(), cache, out)
-        for kind in passes:
-            rec = run_row(f"{name}-{kind}", Path(src).resolve(), cache, out)
+    for kind in passes:  # the rows alternate within each pass: the same machine state
+        for name, src_path, cache in trees:
+            rec = run_row(f"{name}-{kind}", src_path, cache, out)
             rec["cache"] = kind
             rows.append(rec)
             print(json.dumps({k: rec[k] for k in ("row", "wall_s", "stage_s", "groups_s",
