@@ -253,9 +253,38 @@ def token_lm(tokenizer: Any, scorer: TokenScorer, max_length: int) -> Any:
     return TokenLM()
 
 
+def hf_lm(model: Any, tokenizer: Any, batch_size: int) -> Any:
+    """lm-eval's HFLM on the loaded model; for a model quantize.model.choice packs, its
+    log-likelihoods come from the packed loop (each context read once, the head on the
+    scored positions only). Requests, tokenization and the metric stay HFLM's."""
+    from lm_eval.models.huggingface import HFLM
+
+    from quantize.model.choice import packable, packed_loglikelihoods
+
+    if not packable(model):
+        return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+
+    class PackedHFLM(HFLM):
+        scoring = "packed contexts"  # eval.json says which loop scored the task
+
+        def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False,
+                                  override_bs: int | None = None) -> list[tuple[float, bool]]:
+            # HFLM cuts a sequence longer than max_length + 1 from the left: those go its way
+            fits = [len(ctx) + len(cont) <= self.max_length + 1 for _, ctx, cont in requests]
+            packed = iter(packed_loglikelihoods(
+                self.model, [(r[1], r[2]) for r, ok in zip(requests, fits, strict=True) if ok],
+                batch_size))
+            rest = [r for r, ok in zip(requests, fits, strict=True) if not ok]
+            cut = iter(super()._loglikelihood_tokens(rest, disable_tqdm, override_bs)
+                       if rest else [])
+            return [next(packed) if ok else next(cut) for ok in fits]
+
+    return PackedHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+
+
 def multiple_choice(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int,
                     workdir: Path, lm: Any = None) -> Score:
-    """Accuracy through lm-eval: `model` via HFLM, or `lm` (a token_lm) when given."""
+    """Accuracy through lm-eval: `model` via HFLM (hf_lm), or `lm` (a token_lm) when given."""
     import logging
 
     from lm_eval import simple_evaluate
@@ -263,11 +292,12 @@ def multiple_choice(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: in
 
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     task, include = _prepare_task(spec, workdir)
-    manager = TaskManager(include_path=str(include) if include else None)
+    # a shipped task needs only its own folder indexed, not lm-eval's thousands of task
+    # YAMLs (seconds per metric)
+    manager = TaskManager(include_path=str(include), include_defaults=False) if include \
+        else TaskManager()
     if lm is None:
-        from lm_eval.models.huggingface import HFLM
-
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+        lm = hf_lm(model, tokenizer, batch_size)
     t0 = time.perf_counter()
     try:
         out = simple_evaluate(model=lm, tasks=[task], task_manager=manager,
@@ -290,7 +320,8 @@ def multiple_choice(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: in
         per_example=per_example,
         n=n,
         seconds=round(time.perf_counter() - t0, 2),
-        settings={"task": spec.task, "num_fewshot": spec.num_fewshot, "limit": spec.limit},
+        settings={"task": spec.task, "num_fewshot": spec.num_fewshot, "limit": spec.limit,
+                  "scoring": getattr(lm, "scoring", "lm-eval")},
     )
 
 

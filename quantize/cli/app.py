@@ -114,3 +114,24 @@ def main() -> None:
         # several times a second (tqdm reads TQDM_* when it is first imported, which is later)
         os.environ.setdefault("TQDM_MININTERVAL", "30")
 
+
+def openmp_waits_passively() -> bool:
+    """Load torch with its OpenMP threads waiting passively (OMP_WAIT_POLICY=PASSIVE): a
+    thread that finishes its share of an operation sleeps instead of spinning for the next.
+    On a machine of few cores, a spinning thread takes the core another process (or a
+    descheduled thread of our own operation) needs, and every later operation waits for it:
+    on the 2-core machine, with other work running, GPTQ's solve took 7.7-11.4 s against
+    0.5-0.6 s passive, a perplexity forward 13-14 s against 6.2-6.3 s (bench/RESULTS.md,
+    "make quantize on 2 cores"). libgomp reads the variable once, when torch loads it, so this
+    runs before torch is imported, and the variable is then removed again: the processes a
+    run starts (the vLLM worker, torchrun) keep the environment the user gave. A user's own
+    OMP_WAIT_POLICY is kept. Returns whether the policy was set here."""
+    if "torch" in sys.modules or "OMP_WAIT_POLICY" in os.environ:
+        return False
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        import torch  # noqa: F401  (loads libgomp, which reads the policy)
+    finally:
+        del os.environ["OMP_WAIT_POLICY"]
+    return True
+

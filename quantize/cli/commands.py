@@ -57,6 +57,9 @@ def _run_options(fn: Any) -> Any:
 
 
 def _run(until: str, **kw: Any) -> None:
+    from quantize.cli.app import openmp_waits_passively
+
+    openmp_waits_passively()
     from quantize.pipeline import RunOptions, run
 
     opts = RunOptions(recipe=kw["recipe"], model=kw["model"], dataset=kw["dataset"],
@@ -82,6 +85,9 @@ def _finish(pipe: Any) -> None:
 def _run_folder(run_dir: Path, until: str, suite: str | None, rerun: tuple[str, ...],
                 eval_engine: Any = None) -> None:
     """Continue an existing run folder up to `until`, with the recipe and model it used."""
+    from quantize.cli.app import openmp_waits_passively
+
+    openmp_waits_passively()
     from quantize.errors import QuantizeError
     from quantize.pipeline import RunOptions, run
     from quantize.run.manifest import RunFolder
@@ -163,6 +169,9 @@ def eval_cmd(run_dir: Path, suite: str | None, rerun: bool, engine: str | None, 
 
 
 def _checkpoint_eval(folder: Path, suite: str | None, out: Path | None, req: Any) -> None:
+    from quantize.cli.app import openmp_waits_passively
+
+    openmp_waits_passively()
     from quantize.errors import GateFailed
     from quantize.pipeline import pick_device
     from quantize.pipeline.checkpoint import evaluate

@@ -170,6 +170,8 @@ def eval(pipe: PipelineView) -> Plan:
               "device": pipe.device}
     if (engine := stage.engine_key(choice)) is not None:  # absent: hf
         inputs["engine"] = engine
+    if (scoring := stage.choice_scoring(suite, choice)) is not None:
+        inputs["choice_scoring"] = scoring
 
     def execute(out: Path) -> EvalSummary:
         if not export.is_dir():

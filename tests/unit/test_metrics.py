@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +38,41 @@ def test_calibration_and_eval_text_share_no_paragraph() -> None:
     calib = set(BUILTIN_TEXT["wiki"].read_text().splitlines())
     ev = set(BUILTIN_TEXT["wiki-eval"].read_text().splitlines())
     assert calib and ev and not (calib & ev)
+
+
+def test_packed_multiple_choice_scores_like_lm_eval_hflm(tiny_model: Path, tmp_path: Path) -> None:
+    """The hf engine's packed scorer inside lm-eval's own task run: the same accuracy on every
+    example as lm-eval's HFLM, and eval.json says which loop scored it."""
+    import torch
+    from lm_eval.models.huggingface import HFLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quantize.metrics import hf_lm, multiple_choice
+    from quantize.spec.recipe import MetricSpec
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    spec = MetricSpec(name="gk", kind="multiple_choice", direction="higher_is_better",
+                      task="bigbench:general_knowledge", limit=12, threshold=0.5)
+    packed = multiple_choice(model, tok, spec, 4, tmp_path / "packed")
+    plain = multiple_choice(model, tok, spec, 4, tmp_path / "plain",
+                            lm=HFLM(pretrained=model, tokenizer=tok, batch_size=4))
+    assert packed.n == plain.n == 12
+    assert packed.per_example == plain.per_example
+    assert packed.settings["scoring"] == "packed contexts"
+    assert plain.settings["scoring"] == "lm-eval"
+    assert type(hf_lm(model, tok, 4)).__name__ == "PackedHFLM"
+
+
+def test_choice_scoring_marks_the_hf_keys_only() -> None:
+    from quantize.spec.recipe import load_suite
+    from quantize.stages.eval import HF_CHOICE_SCORING, choice_scoring
+    from quantize.stages.eval.engine import EngineChoice
+
+    suite = load_suite("default")
+    assert choice_scoring(suite, None) == HF_CHOICE_SCORING
+    assert choice_scoring(suite, EngineChoice("hf", "auto", "fits")) == HF_CHOICE_SCORING
+    assert choice_scoring(suite, EngineChoice("vllm", "vllm", "asked")) is None
+    ppl_only = suite.model_copy(update={"metrics": [m for m in suite.metrics
+                                                    if m.kind != "multiple_choice"]})
+    assert choice_scoring(ppl_only, None) is None

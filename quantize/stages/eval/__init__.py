@@ -63,6 +63,22 @@ def measured_settings(suite: EvalSuite) -> MeasuredSettings:
                 {"score_from"} if m.score_from is None else set())) for m in suite.metrics]}
 
 
+# How the hf engine scores multiple-choice tasks (quantize.model.choice: each context read
+# once). Part of the eval stage key and the baseline cache key: results from the earlier loop
+# (one lm-eval sequence per choice; the same accuracies, log-likelihoods differing in rounding)
+# are scored again, not mixed with these.
+HF_CHOICE_SCORING = "packed-contexts"
+
+
+def choice_scoring(suite: EvalSuite, choice: EngineChoice | None) -> str | None:
+    """The hf engine's multiple-choice scoring marker for the keys; None where it plays no
+    part (the vLLM engine, a suite without multiple-choice metrics)."""
+    if (choice is not None and choice.name != "hf") or not any(
+            m.kind == "multiple_choice" for m in suite.metrics):
+        return None
+    return HF_CHOICE_SCORING
+
+
 def engine_key(choice: EngineChoice | None) -> EngineKey | None:
     """The engine's part of the eval stage key and the baseline cache key: None for hf (the
     keys of runs made before engines existed stay valid), the vLLM settings otherwise."""
@@ -159,6 +175,8 @@ def baseline(model_path: Path, fingerprint: str, suite: EvalSuite, device: str,
              "versions": versions}
     if (ek := engine_key(engine.choice)) is not None:
         parts["engine"] = {**ek, "dtype": engine.dtype}
+    if (scoring := choice_scoring(suite, engine.choice)) is not None:
+        parts["choice_scoring"] = scoring
     key = canonical_hash(parts)
     path = cache_root() / "baselines" / f"{key}.json"
     # one process measures an entry; another run of the same baseline waits, then reads it

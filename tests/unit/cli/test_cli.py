@@ -192,3 +192,21 @@ def test_progress_bars_are_throttled_when_the_output_is_not_a_terminal(
     res = CliRunner().invoke(main, ["recipes"])  # CliRunner's streams are not terminals
     assert res.exit_code == 0
     assert os.environ.get("TQDM_MININTERVAL") == "30"
+
+
+@pytest.mark.parametrize(("given", "shown", "applied"), [(None, "PASSIVE", True),
+                                                         ("ACTIVE", "ACTIVE", False)])
+def test_openmp_waits_passively_unless_the_user_chose(given: str | None, shown: str,
+                                                      applied: bool) -> None:
+    """torch's OpenMP (libgomp) reads the policy when it loads; the variable is gone again
+    afterwards (a child process gets the user's environment); a user's own value wins."""
+    code = ("import os; from quantize.cli.app import openmp_waits_passively as f; "
+            "r = f(); import torch; print(r, os.environ.get('OMP_WAIT_POLICY'))")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["OMP_DISPLAY_ENV"] = "TRUE"  # libgomp prints its settings at load
+    if given:
+        env["OMP_WAIT_POLICY"] = given
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, check=True)
+    assert f"OMP_WAIT_POLICY = '{shown}'" in out.stderr
+    assert out.stdout.split() == [str(applied), given or "None"]
