@@ -12,11 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures import pause
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import test_resume as resume
-
-suite = resume.suite  # the kill matrix's 256-token perplexity suite
+suite = pause.suite  # the kill matrix's 256-token perplexity suite
 
 
 def written_bytes(*folders: Path) -> int:

@@ -27,16 +27,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fixtures import pause
 from fixtures.hub import FakeHub
 from fixtures.pause import (
     FAKE_TOKEN,
+    STAGES,
     cmd,
     env,
+    resume_and_compare,
     sigint_default,
-    stage_hashes,
     start_paused,
     wait_for_pause,
 )
@@ -46,13 +45,14 @@ suite, reference = pause.suite, pause.reference  # module fixtures shared with t
 ORG, BASE = "test-org", "test-org/Tiny-Llama"
 REPO = f"{ORG}/Tiny-Llama-FP8-dynamic"
 SIGNALS = (signal.SIGKILL, signal.SIGINT)
-STAGE_POINTS = {
+STAGE_POINTS = {  # in the order the run runs them (fixtures.pause.STAGES)
     "calibrate": ("start", "written"),
     "quantize": ("start", "written", "renamed"),
     "export": ("start", "half", "written", "renamed"),
     "eval": ("start", "baseline", "written"),
     "gate": ("start", "written"),
 }
+assert tuple(STAGE_POINTS) == STAGES
 PIPELINE_POINTS = [f"{stage}:{when}" for stage, whens in STAGE_POINTS.items() for when in whens]
 PUBLISH_POINTS = ["publish:staged", "commit-landed", "commit-lost"]
 DEFAULT = {("export:half", signal.SIGKILL), ("eval:baseline", signal.SIGINT),
@@ -102,28 +102,12 @@ def _kill_at(point: str, sig: signal.Signals, tiny_model: Path, suite: Path, out
             assert 0 < len(done) < len(list((reference / "export").iterdir()))
 
 
-def _resume(point: str, tiny_model: Path, suite: Path, out: Path, reference: Path) -> None:
-    proc = subprocess.run(cmd(tiny_model, out, suite), env=env(), capture_output=True,
-                          text=True)
-    assert proc.returncode == 0, proc.stderr
-    stage = point.split(":")[0]
-    # the interrupted stage ran again; the finished ones before it were reused
-    assert f"{stage}: no finished result yet" in proc.stderr, proc.stderr
-    stages = list(STAGE_POINTS)
-    for before in stages[: stages.index(stage)]:
-        assert f"skip {before}: inputs unchanged" in proc.stderr, proc.stderr
-    assert stage_hashes(out) == stage_hashes(reference)
-    leftovers = [p.name for p in out.iterdir() if p.name.startswith(".")]
-    assert leftovers == [], leftovers  # no .partial, .old or .lock
-    assert FAKE_TOKEN not in proc.stdout + proc.stderr
-
-
 @pytest.mark.parametrize(("point", "sig"), _cases(PIPELINE_POINTS))
 def test_kill_and_resume(point: str, sig: signal.Signals, tiny_model: Path, suite: Path,
                          reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     _kill_at(point, sig, tiny_model, suite, out, reference)
-    _resume(point, tiny_model, suite, out, reference)
+    resume_and_compare(point, tiny_model, suite, out, reference)
 
 
 @pytest.mark.slow

@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures import pause
-from fixtures.pause import start_paused, wait_for_pause
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import test_resume as resume
+from fixtures.pause import resume_and_compare, start_paused, wait_for_pause
 
 suite, reference = pause.suite, pause.reference  # the kill matrix's fixtures, reused
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -66,4 +62,4 @@ def test_term_and_hup_stop_cleanly_and_resume(point: str, sig: signal.Signals, t
         out / "manifest.json").exists() else {"stages": {}}
     assert stage not in manifest["stages"]
     assert not (out / f".{stage}.partial").exists() and not (out / stage).exists()
-    resume._resume(point, tiny_model, suite, out, reference)
+    resume_and_compare(point, tiny_model, suite, out, reference)
