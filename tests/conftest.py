@@ -50,14 +50,24 @@ def default_model(quantize_cache: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def default_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with the default model's tokenizer (the one the conversion writes), read from
+    the GGUF's metadata in about a second: for tests that need the real tokenizer and not the
+    model (tests/fixtures/tokenizer.py)."""
+    from fixtures.tokenizer import save_default_tokenizer
+
+    return save_default_tokenizer(tmp_path_factory.mktemp("default-tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(default_tokenizer: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama (2 layers, hidden 128) with the default model's tokenizer:
     real mechanics in seconds. Quality claims use the real default model instead."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     out = tmp_path_factory.mktemp("tiny-llama")
-    tok = AutoTokenizer.from_pretrained(default_model)
+    tok = AutoTokenizer.from_pretrained(default_tokenizer)
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

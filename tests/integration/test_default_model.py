@@ -135,3 +135,20 @@ def test_the_default_recipe_beats_the_old_symmetric_default(default_recipe_run: 
     assert new >= old + 0.10, f"default {new:.1%} vs gptq-int4 {old:.1%}"
     gate = json.loads((default_recipe_run / "gate" / "gate.json").read_text())
     assert gate["verdict"] == "pass", gate
+
+
+def test_the_tokenizer_fixture_is_the_one_the_conversion_writes(default_model: Path,
+                                                                default_tokenizer: Path) -> None:
+    """conftest's `default_tokenizer`, read from the GGUF's metadata without converting the
+    model (tests/fixtures/tokenizer.py), stands in for the default model's tokenizer in every
+    tiny model of the suite: it must be the conversion's, file for file."""
+    from fixtures.tokenizer import LOAD_ONLY_KEYS
+
+    for name in ("tokenizer.json", "chat_template.jinja"):
+        assert (default_tokenizer / name).read_bytes() == (default_model / name).read_bytes()
+
+    def config(folder: Path) -> dict[str, object]:
+        data = json.loads((folder / "tokenizer_config.json").read_text())
+        return {k: v for k, v in data.items() if k not in LOAD_ONLY_KEYS}
+
+    assert config(default_tokenizer) == config(default_model)

@@ -20,8 +20,8 @@ from quantize.spec.recipe import load_recipe
 
 
 @pytest.fixture(scope="module")
-def moe_model(tmp_path_factory: pytest.TempPathFactory, default_model: Path) -> Path:
-    return build_moe("qwen3_moe", tmp_path_factory.mktemp("moe") / "m", default_model)
+def moe_model(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Path) -> Path:
+    return build_moe("qwen3_moe", tmp_path_factory.mktemp("moe") / "m", default_tokenizer)
 
 
 def _keys(export: Path) -> set[str]:
