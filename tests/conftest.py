@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 # session fixtures shared by several modules (one instance per session, not per module)
-pytest_plugins = ("fixtures.pause",)
+pytest_plugins = ("fixtures.pause", "fixtures.default_runs")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
