@@ -19,10 +19,10 @@ GPUS ?=
 
 RUN_ARGS = $(RECIPE) --model $(MODEL) $(if $(DATASET),--dataset $(DATASET)) $(if $(OUT),--out $(OUT)) $(if $(SUITE),--suite $(SUITE)) $(if $(GPUS),--gpus $(GPUS)) $(ARGS)
 
-.PHONY: install quantize calibrate export eval gate test test-slow quality clean help vllm-env verify publish plan fit
+.PHONY: install quantize calibrate export eval gate test test-fast test-slow quality clean help vllm-env verify publish plan fit
 
 help:
-	@echo "make install | quantize [RECIPE= MODEL= DATASET= OUT= GPUS=] | calibrate | export | eval | gate | test | test-slow | quality | clean"
+	@echo "make install | quantize [RECIPE= MODEL= DATASET= OUT= GPUS=] | calibrate | export | eval | gate | test | test-fast | test-slow | quality | clean"
 
 install: $(STAMP)
 
@@ -114,6 +114,12 @@ ifeq ($(VLLM_TESTS),1)
 else
 	$(BIN)/python -m pytest -q
 endif
+
+# The inner loop: unit tests on tiny random models, no default-model conversion, no vLLM,
+# under 2 minutes on 2 cores. A test that would convert the default model, or takes over 15
+# CPU seconds, fails there (tests/conftest.py: the rules, and @pytest.mark.e2e to move it out).
+test-fast: install
+	$(BIN)/python -m pytest -q --fast
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow

@@ -19,14 +19,14 @@ small_calibration = export_runs.small_calibration  # the module fixture, shared
 
 
 @pytest.fixture(scope="module")
-def block_model(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def block_model(default_tokenizer: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama whose every Linear is a whole number of 128x128 blocks, including
     the fused q/k/v shards (head_dim 128): what vLLM needs for block FP8."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     out = tmp_path_factory.mktemp("tiny-block")
-    tok = AutoTokenizer.from_pretrained(default_model)
+    tok = AutoTokenizer.from_pretrained(default_tokenizer)
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=512,
                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,

@@ -1,26 +1,30 @@
 """The real pretrained default model (SmolLM2-135M-Instruct) through the real pipeline:
 GPTQ INT4 with a small calibration set, reloaded from disk, and real perplexity on real
-text (a small slice, so the default test run stays fast)."""
+text (a small slice, so the default test run stays fast).
+
+The two GPTQ runs (gptq-int4 and the default recipe, to the gate on the smoke suite) are the
+session's (fixtures/default_runs.py): `quantize run` subprocesses started side by side when
+the session starts, each keeping one core busy for minutes while the suite goes on."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from quantize.pipeline import RunOptions, run
+from quantize.spec.recipe import DEFAULT_RECIPE
+
+# gptq-int4 and the default recipe, to the gate on the smoke suite with 8 x 256 calibration
+# tokens: fixtures/default_runs.py
+DEFAULT_RUNS = {"gptq-int4": "gate", DEFAULT_RECIPE: "gate"}
 
 
 @pytest.fixture(scope="module")
-def gptq_run(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("default-gptq")
-    spec = tmp / "calib.yaml"
-    spec.write_text("name: calib\nbuiltin: wiki\nnum_samples: 8\nseq_len: 256\n")
-    out = tmp / "run"
-    run(RunOptions(recipe="gptq-int4", model="default", dataset=str(spec), out=out,
-                   until="gate", suite="smoke", device="cpu"))
-    return out
+def gptq_run(default_model: Path, default_runs: Any) -> Path:
+    return default_runs("gptq-int4", until="gate")  # type: ignore[no-any-return]
 
 
 def test_gptq_int4_export_config(gptq_run: Path) -> None:
@@ -103,18 +107,10 @@ def test_native_engine_export_tracks_the_original(recipe: str, default_model: Pa
 
 
 @pytest.fixture(scope="module")
-def default_recipe_run(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def default_recipe_run(default_model: Path, default_runs: Any) -> Path:
     """The default recipe (quantize.spec.recipe.DEFAULT_RECIPE) on the real default model with
     the same small calibration and the same smoke slice of the default suite as `gptq_run`."""
-    from quantize.spec.recipe import DEFAULT_RECIPE
-
-    tmp = tmp_path_factory.mktemp("default-recipe")
-    spec = tmp / "calib.yaml"
-    spec.write_text("name: calib\nbuiltin: wiki\nnum_samples: 8\nseq_len: 256\n")
-    out = tmp / "run"
-    run(RunOptions(recipe=DEFAULT_RECIPE, model="default", dataset=str(spec), out=out,
-                   until="gate", suite="smoke", device="cpu"))
-    return out
+    return default_runs(DEFAULT_RECIPE, until="gate")  # type: ignore[no-any-return]
 
 
 def _recovery(run_dir: Path, name: str) -> float:
@@ -135,3 +131,20 @@ def test_the_default_recipe_beats_the_old_symmetric_default(default_recipe_run: 
     assert new >= old + 0.10, f"default {new:.1%} vs gptq-int4 {old:.1%}"
     gate = json.loads((default_recipe_run / "gate" / "gate.json").read_text())
     assert gate["verdict"] == "pass", gate
+
+
+def test_the_tokenizer_fixture_is_the_one_the_conversion_writes(default_model: Path,
+                                                                default_tokenizer: Path) -> None:
+    """conftest's `default_tokenizer`, read from the GGUF's metadata without converting the
+    model (tests/fixtures/tokenizer.py), stands in for the default model's tokenizer in every
+    tiny model of the suite: it must be the conversion's, file for file."""
+    from fixtures.tokenizer import LOAD_ONLY_KEYS
+
+    for name in ("tokenizer.json", "chat_template.jinja"):
+        assert (default_tokenizer / name).read_bytes() == (default_model / name).read_bytes()
+
+    def config(folder: Path) -> dict[str, object]:
+        data = json.loads((folder / "tokenizer_config.json").read_text())
+        return {k: v for k, v in data.items() if k not in LOAD_ONLY_KEYS}
+
+    assert config(default_tokenizer) == config(default_model)

@@ -11,8 +11,9 @@ What they prove, on the real default model and small slices of the shipped data:
 - the KV cache: the long-context metric on the default model runs with an fp8 KV cache in
   vLLM, which vLLM reports using, and moves the perplexity by a little, not a lot.
 
-Cost: three vLLM processes (about 30-60 s each on a 2-core CPU) and the hf engine on the same
-slices; the fp8-dynamic export is data-free RTN (seconds).
+Cost: two vLLM processes (about 30-60 s each on a 2-core CPU; a third for the slow fp8 KV
+cache test) and the hf engine on the same slices; the fp8-dynamic export is data-free RTN, the
+session's (fixtures/default_runs.py, shared with test_verify_vllm).
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ pytestmark = NEEDS_VLLM
 
 LONG = MetricSpec(name="long_ppl", kind="long_perplexity", direction="lower_is_better",
                   builtin="novel", max_tokens=4096, seq_len=2048, threshold=0.5)
-SUITE = EvalSuite(name="vllm-slice", batch_size=4, metrics=[
+# batch_size only sets how the hf engine batches its forward passes (vLLM gets every sequence
+# in one request): 32 runs multiple choice's 232 requests in 8 calls instead of 58. The
+# fp8-dynamic candidate's transformers forward fake-quantizes every activation at a large
+# cost per call: 14 s instead of 115 s on 2 cores, the same 30 answers (2026-12-04).
+SUITE = EvalSuite(name="vllm-slice", batch_size=32, metrics=[
     MetricSpec(name="wiki_ppl", kind="perplexity", direction="lower_is_better",
                builtin="wiki-eval", max_tokens=2048, seq_len=512, threshold=0.5),
     LONG,
@@ -48,19 +53,19 @@ def host() -> vllm_host.Host:
     return h
 
 
+DEFAULT_RUNS = {"fp8-dynamic": "export"}  # fixtures/default_runs.py
+
+
 @pytest.fixture(scope="module")
-def quantized_export(tmp_path_factory: pytest.TempPathFactory, default_model: Path,
-               host: vllm_host.Host) -> Path:
-    """The data-free fp8-dynamic export; where this CPU runs FP8 GEMMs emulated (vLLM would
-    take hours over it, quantize.vllm.support.fp8_gemm_emulated), the data-free INT4 one
-    (rtn-int4, vLLM's CPU WNA16 kernel) stands in as the quantized candidate."""
-    from quantize.pipeline import RunOptions, run
+def quantized_export(default_model: Path, default_runs: Any, host: vllm_host.Host) -> Path:
+    """The data-free fp8-dynamic export (the session's, shared with test_verify_vllm); where
+    this CPU runs FP8 GEMMs emulated (vLLM would take hours over it,
+    quantize.vllm.support.fp8_gemm_emulated), the data-free INT4 one (rtn-int4, vLLM's CPU
+    WNA16 kernel) stands in as the quantized candidate."""
     from quantize.vllm.support import fp8_gemm_emulated
 
     recipe = "fp8-dynamic" if fp8_gemm_emulated(host) is None else "rtn-int4"
-    out = tmp_path_factory.mktemp("runs") / recipe
-    run(RunOptions(recipe=recipe, model="default", out=out, until="export", device="cpu"))
-    return out / "export"
+    return default_runs(recipe) / "export"  # type: ignore[no-any-return]
 
 
 def _choice(host: vllm_host.Host, kv: str = "auto") -> Any:

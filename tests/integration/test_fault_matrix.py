@@ -26,10 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fixtures import pause
 from fixtures.pause import cmd, env, stage_hashes, start_paused, wait_for_pause
-
-suite, reference = pause.suite, pause.reference  # the kill matrix's fixtures, reused
 
 MiB = 2**20
 # (pause point, fault): the stage named by the point is the one that must fail
@@ -104,7 +101,7 @@ def one_error_line(err: str, phrase: str) -> str:
 
 
 def test_full_disk_and_read_only_folder_at_each_writing_stage(
-        tiny_model: Path, suite: Path, reference: Path, tmp_path: Path) -> None:
+        tiny_model: Path, pause_suite: Path, pause_reference: Path, tmp_path: Path) -> None:
     ctl = tmp_path / "ctl"
     ctl.mkdir()
     with tmpfs(tmp_path / "disk", "96m") as disk:
@@ -113,7 +110,7 @@ def test_full_disk_and_read_only_folder_at_each_writing_stage(
         previous: str | None = None
         for point, fault in CHAIN:
             marker, go = ctl / "paused", ctl / "go"
-            proc = start_paused(tiny_model, out, suite, point, marker,
+            proc = start_paused(tiny_model, out, pause_suite, point, marker,
                                 QUANTIZE_CACHE=str(cache), QUANTIZE_PAUSE_UNTIL=str(go))
             try:
                 wait_for_pause(proc, marker, timeout_s=600)
@@ -150,25 +147,25 @@ def test_full_disk_and_read_only_folder_at_each_writing_stage(
             previous = stage
             marker.unlink()
             go.unlink()
-        done = subprocess.run(cmd(tiny_model, out, suite), capture_output=True, text=True,
+        done = subprocess.run(cmd(tiny_model, out, pause_suite), capture_output=True, text=True,
                               env=env(QUANTIZE_CACHE=str(cache)))
         assert done.returncode == 0, done.stderr
         assert "gate: no finished result yet" in done.stderr
         for before_gate in ("calibrate", "quantize", "export", "eval"):
             assert f"skip {before_gate}: inputs unchanged" in done.stderr, done.stderr
-        assert stage_hashes(out) == stage_hashes(reference)
+        assert stage_hashes(out) == stage_hashes(pause_reference)
         assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
     assert counts == {"injected": len(CHAIN), "survived": len(CHAIN), "messages": len(CHAIN)}
 
 
-def test_a_disk_too_small_is_refused_before_calibration(tiny_model: Path, suite: Path,
+def test_a_disk_too_small_is_refused_before_calibration(tiny_model: Path, pause_suite: Path,
                                                         tmp_path: Path) -> None:
     """8 MiB free, the run needs ~20 MB: refused at once, nothing written; with
     --no-disk-check it goes on and the full disk still stops it on one line."""
     with tmpfs(tmp_path / "disk", "8m") as disk:
         out = disk / "run"
         e = env(QUANTIZE_CACHE=str(disk / "cache"))
-        proc = subprocess.run(cmd(tiny_model, out, suite), capture_output=True, text=True,
+        proc = subprocess.run(cmd(tiny_model, out, pause_suite), capture_output=True, text=True,
                               env=e)
         assert proc.returncode == 2, proc.stderr
         assert "calibrate:" not in proc.stderr  # refused before the first stage
@@ -177,7 +174,7 @@ def test_a_disk_too_small_is_refused_before_calibration(tiny_model: Path, suite:
         assert str(out) in line[0] and "MiB is free there" in line[0]
         assert "--no-disk-check" in line[0] and "Traceback" not in proc.stderr
         assert not out.exists()
-        late = subprocess.run([*cmd(tiny_model, out, suite), "--no-disk-check"],
+        late = subprocess.run([*cmd(tiny_model, out, pause_suite), "--no-disk-check"],
                               capture_output=True, text=True, env=e)
         assert late.returncode == 2, late.stderr
         one_error_line(late.stderr, "no space left on the device")
@@ -186,10 +183,10 @@ def test_a_disk_too_small_is_refused_before_calibration(tiny_model: Path, suite:
         assert not list(out.glob(".*.partial"))
 
 
-def test_a_read_only_output_folder_is_one_line(tiny_model: Path, suite: Path,
+def test_a_read_only_output_folder_is_one_line(tiny_model: Path, pause_suite: Path,
                                                tmp_path: Path) -> None:
     with tmpfs(tmp_path / "ro", "1m", "ro") as ro:
-        proc = subprocess.run(cmd(tiny_model, ro / "run", suite), capture_output=True,
+        proc = subprocess.run(cmd(tiny_model, ro / "run", pause_suite), capture_output=True,
                               text=True, env=env())
         assert proc.returncode == 2, proc.stderr
         line = one_error_line(proc.stderr, "read-only file system")

@@ -41,7 +41,7 @@ CASES = [*((arch, "rtn-int4", 64) for arch in ARCHS), ("qwen3_moe_block128", "fp
 @pytest.mark.parametrize(("arch", "recipe", "group"), CASES)
 def test_each_architecture_exports_to_plan_and_verifies(arch: str, recipe: str,
                                                         group: int | None, tmp_path: Path,
-                                                        default_model: Path,
+                                                        default_tokenizer: Path,
                                                         small_calibration: Path) -> None:
     from quantize.model.config import model_shape, read_config
     from quantize.model.moe import check_expert_scales, read_coverage
@@ -49,7 +49,7 @@ def test_each_architecture_exports_to_plan_and_verifies(arch: str, recipe: str,
     from quantize.spec.recipe import load_recipe
     from quantize.stages import verify as V
 
-    src = build_moe(arch, tmp_path / "src", default_model)
+    src = build_moe(arch, tmp_path / "src", default_tokenizer)
     run = export_run(recipe, src, small_calibration, tmp_path / "run")
     export = run / "export"
     stored, names = _stored(export)

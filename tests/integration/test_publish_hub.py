@@ -30,14 +30,12 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from fixtures.hub import Blob, FakeHub, write_eval_gate
 
 from quantize.cli import main
 from quantize.errors import PublishError
 from quantize.run.files import hash_tree
 from quantize.stages.publish import PublishOptions, publish
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fixtures.hub import Blob, FakeHub, write_eval_gate
 
 TOKEN = "hf_PublishTestToken7Qx9ZkLm3Np5Rs"  # recognisable: must never show up anywhere
 ORG = "test-org"

@@ -27,32 +27,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fixtures import pause
 from fixtures.hub import FakeHub
 from fixtures.pause import (
     FAKE_TOKEN,
+    STAGES,
     cmd,
     env,
+    resume_and_compare,
     sigint_default,
-    stage_hashes,
     start_paused,
     wait_for_pause,
 )
 
-suite, reference = pause.suite, pause.reference  # module fixtures shared with the fault matrix
-
 ORG, BASE = "test-org", "test-org/Tiny-Llama"
 REPO = f"{ORG}/Tiny-Llama-FP8-dynamic"
 SIGNALS = (signal.SIGKILL, signal.SIGINT)
-STAGE_POINTS = {
+STAGE_POINTS = {  # in the order the run runs them (fixtures.pause.STAGES)
     "calibrate": ("start", "written"),
     "quantize": ("start", "written", "renamed"),
     "export": ("start", "half", "written", "renamed"),
     "eval": ("start", "baseline", "written"),
     "gate": ("start", "written"),
 }
+assert tuple(STAGE_POINTS) == STAGES
 PIPELINE_POINTS = [f"{stage}:{when}" for stage, whens in STAGE_POINTS.items() for when in whens]
 PUBLISH_POINTS = ["publish:staged", "commit-landed", "commit-lost"]
 DEFAULT = {("export:half", signal.SIGKILL), ("eval:baseline", signal.SIGINT),
@@ -73,10 +70,10 @@ def kill_point_count() -> dict[str, int]:
 
 
 # --- the pipeline ---------------------------------------------------------------------------
-def _kill_at(point: str, sig: signal.Signals, tiny_model: Path, suite: Path, out: Path,
-             reference: Path) -> None:
+def _kill_at(point: str, sig: signal.Signals, tiny_model: Path, pause_suite: Path, out: Path,
+             pause_reference: Path) -> None:
     marker = out.parent / "paused"
-    proc = start_paused(tiny_model, out, suite, point, marker)
+    proc = start_paused(tiny_model, out, pause_suite, point, marker)
     wait_for_pause(proc, marker)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
@@ -99,44 +96,28 @@ def _kill_at(point: str, sig: signal.Signals, tiny_model: Path, suite: Path, out
         assert partial.is_dir() and not (out / stage).exists()
         if point == "export:half":
             done = {p.name for p in partial.iterdir()}
-            assert 0 < len(done) < len(list((reference / "export").iterdir()))
-
-
-def _resume(point: str, tiny_model: Path, suite: Path, out: Path, reference: Path) -> None:
-    proc = subprocess.run(cmd(tiny_model, out, suite), env=env(), capture_output=True,
-                          text=True)
-    assert proc.returncode == 0, proc.stderr
-    stage = point.split(":")[0]
-    # the interrupted stage ran again; the finished ones before it were reused
-    assert f"{stage}: no finished result yet" in proc.stderr, proc.stderr
-    stages = list(STAGE_POINTS)
-    for before in stages[: stages.index(stage)]:
-        assert f"skip {before}: inputs unchanged" in proc.stderr, proc.stderr
-    assert stage_hashes(out) == stage_hashes(reference)
-    leftovers = [p.name for p in out.iterdir() if p.name.startswith(".")]
-    assert leftovers == [], leftovers  # no .partial, .old or .lock
-    assert FAKE_TOKEN not in proc.stdout + proc.stderr
+            assert 0 < len(done) < len(list((pause_reference / "export").iterdir()))
 
 
 @pytest.mark.parametrize(("point", "sig"), _cases(PIPELINE_POINTS))
-def test_kill_and_resume(point: str, sig: signal.Signals, tiny_model: Path, suite: Path,
-                         reference: Path, tmp_path: Path) -> None:
+def test_kill_and_resume(point: str, sig: signal.Signals, tiny_model: Path, pause_suite: Path,
+                         pause_reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    _kill_at(point, sig, tiny_model, suite, out, reference)
-    _resume(point, tiny_model, suite, out, reference)
+    _kill_at(point, sig, tiny_model, pause_suite, out, pause_reference)
+    resume_and_compare(point, tiny_model, pause_suite, out, pause_reference)
 
 
 @pytest.mark.slow
-def test_a_second_run_on_the_same_folder_is_refused(tiny_model: Path, suite: Path,
+def test_a_second_run_on_the_same_folder_is_refused(tiny_model: Path, pause_suite: Path,
                                                     tmp_path: Path) -> None:
     """While one run owns the folder, a second one exits 2 naming the owner's pid and
     writes nothing; the first one then finishes as if alone."""
     out, marker = tmp_path / "run", tmp_path / "paused"
-    first = start_paused(tiny_model, out, suite, "quantize:written", marker,
+    first = start_paused(tiny_model, out, pause_suite, "quantize:written", marker,
                          QUANTIZE_PAUSE_SECONDS="20")
     wait_for_pause(first, marker)
     before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")}
-    second = subprocess.run(cmd(tiny_model, out, suite), env=env(), capture_output=True,
+    second = subprocess.run(cmd(tiny_model, out, pause_suite), env=env(), capture_output=True,
                             text=True)
     assert second.returncode == 2
     assert f"is in use by process {first.pid}; wait for it" in second.stderr
@@ -145,10 +126,10 @@ def test_a_second_run_on_the_same_folder_is_refused(tiny_model: Path, suite: Pat
     assert first.returncode == 0, err
 
 
-def test_no_file_a_run_writes_holds_the_token(reference: Path) -> None:
+def test_no_file_a_run_writes_holds_the_token(pause_reference: Path) -> None:
     """Manifest, stage files, reports and llm-compressor's log: the token is in the
     environment of the run, and in none of its files."""
-    files = [p for p in reference.rglob("*") if p.is_file()]
+    files = [p for p in pause_reference.rglob("*") if p.is_file()]
     assert any(p.parent.name == "logs" for p in files)  # the engine's log is checked too
     for f in files:
         assert FAKE_TOKEN.encode() not in f.read_bytes(), f
@@ -173,11 +154,11 @@ def hub_files(hub: FakeHub) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def published(reference: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def published(pause_reference: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """What an uninterrupted publish of (a copy of) the reference run puts on the Hub."""
     base = tmp_path_factory.mktemp("pubref")
     run_dir = base / "run"
-    shutil.copytree(reference, run_dir)
+    shutil.copytree(pause_reference, run_dir)
     with FakeHub(token=FAKE_TOKEN, orgs=(ORG,)) as hub:
         proc = subprocess.run(publish_cmd(run_dir), env=publish_env(hub, base / "hf"),
                               capture_output=True, text=True, timeout=300)
@@ -216,10 +197,10 @@ def _publish_killed(point: str, sig: signal.Signals, run_dir: Path, hub: FakeHub
 
 
 @pytest.mark.parametrize(("point", "sig"), _cases(PUBLISH_POINTS))
-def test_kill_publish_and_resume(point: str, sig: signal.Signals, reference: Path,
+def test_kill_publish_and_resume(point: str, sig: signal.Signals, pause_reference: Path,
                                  published: dict[str, str], tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    shutil.copytree(reference, run_dir)
+    shutil.copytree(pause_reference, run_dir)
     with FakeHub(token=FAKE_TOKEN, orgs=(ORG,)) as hub:
         _publish_killed(point, sig, run_dir, hub, tmp_path / "hf")
         proc = subprocess.run(publish_cmd(run_dir), env=publish_env(hub, tmp_path / "hf"),

@@ -12,18 +12,12 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures import pause
-from fixtures.pause import start_paused, wait_for_pause
+from fixtures.pause import resume_and_compare, start_paused, wait_for_pause
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import test_resume as resume
-
-suite, reference = pause.suite, pause.reference  # the kill matrix's fixtures, reused
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 POINTS = ["calibrate:written", "quantize:start", "quantize:written", "export:half",
           "eval:baseline", "gate:written"]
@@ -43,10 +37,10 @@ def signal_point_count() -> int:
 
 @pytest.mark.parametrize(("point", "sig"), _cases())
 def test_term_and_hup_stop_cleanly_and_resume(point: str, sig: signal.Signals, tiny_model: Path,
-                                              suite: Path, reference: Path,
+                                              pause_suite: Path, pause_reference: Path,
                                               tmp_path: Path) -> None:
     out, marker = tmp_path / "run", tmp_path / "paused"
-    proc = start_paused(tiny_model, out, suite, point, marker)
+    proc = start_paused(tiny_model, out, pause_suite, point, marker)
     try:
         wait_for_pause(proc, marker)
         proc.send_signal(sig)
@@ -66,4 +60,4 @@ def test_term_and_hup_stop_cleanly_and_resume(point: str, sig: signal.Signals, t
         out / "manifest.json").exists() else {"stages": {}}
     assert stage not in manifest["stages"]
     assert not (out / f".{stage}.partial").exists() and not (out / stage).exists()
-    resume._resume(point, tiny_model, suite, out, reference)
+    resume_and_compare(point, tiny_model, pause_suite, out, pause_reference)

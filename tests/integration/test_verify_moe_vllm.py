@@ -28,8 +28,8 @@ pytestmark = NEEDS_VLLM
 
 
 def test_symmetric_int4_moe_export_loads_in_vllm_and_agrees(tmp_path: Path,
-                                                            default_model: Path) -> None:
-    model = build_moe("qwen3_moe", tmp_path / "dense", default_model)
+                                                            default_tokenizer: Path) -> None:
+    model = build_moe("qwen3_moe", tmp_path / "dense", default_tokenizer)
     run(RunOptions(recipe="rtn-int4", model=str(model), out=tmp_path / "run", until="export",
                    device="cpu"))
     host = vllm_host.detect(VLLM_PYTHON)

@@ -8,10 +8,12 @@ What they prove: the `w8a8-int8` (SmoothQuant + GPTQ) and `fp8-dynamic` exports 
 default model (SmolLM2-135M-Instruct) load in vLLM, each in its own fresh subprocess, and
 agree with transformers; a broken export fails with vLLM's own error line.
 
-Cost: w8a8-int8 calibrates on 8 x 256 tokens of the shipped text instead of the recipe's
-32 x 512 (the check is vLLM vs transformers on the same weights, so calibration quality does
-not matter to it); one vLLM process per checkpoint, 30-70 s each on the 2-core CI machine.
-Measured added time in docs/verify.md.
+Cost: the exports are the session's (fixtures/default_runs.py: started in the background
+when the session starts; fp8-dynamic is shared with test_eval_vllm). w8a8-int8 calibrates on
+8 x 256 tokens of the shipped text instead of the recipe's 32 x 512 (the check is vLLM vs
+transformers on the same weights, so calibration quality does not matter to it); one vLLM
+process per checkpoint, 30-70 s each on the 2-core CI machine. Measured added time in
+docs/verify.md.
 """
 
 from __future__ import annotations
@@ -30,29 +32,13 @@ from quantize.vllm.support import fp8_gemm_emulated
 
 pytestmark = NEEDS_VLLM
 
-SMALL_CALIBRATION = "name: small\nbuiltin: wiki\nnum_samples: 8\nseq_len: 256\n"
+DEFAULT_RUNS = {"fp8-dynamic": "export", "w8a8-int8": "export"}  # fixtures/default_runs.py
 
 
-@pytest.fixture(scope="module")
-def export(tmp_path_factory: pytest.TempPathFactory,
-           default_model: Path) -> Callable[[str], Path]:
-    """Export a shipped recipe of the default model (small calibration), once per module;
-    returns the run folder."""
-    from quantize.pipeline import RunOptions, run
-
-    root = tmp_path_factory.mktemp("runs")
-    spec = root / "small.yaml"
-    spec.write_text(SMALL_CALIBRATION)
-    done: dict[str, Path] = {}
-
-    def make(recipe: str) -> Path:
-        if recipe not in done:
-            run(RunOptions(recipe=recipe, model="default", dataset=str(spec),
-                           out=root / recipe, until="export", device="cpu"))
-            done[recipe] = root / recipe
-        return done[recipe]
-
-    return make
+@pytest.fixture
+def export(default_model: Path, default_runs: Any) -> Callable[[str], Path]:
+    """A shipped recipe exported from the default model, once per session; the run folder."""
+    return default_runs  # type: ignore[no-any-return]
 
 
 def _kernels(s: Any) -> str:

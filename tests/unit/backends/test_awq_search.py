@@ -47,6 +47,7 @@ def _awq(tiny_model: Path, awq: Any) -> dict[str, Any]:
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.e2e  # three AWQ runs (~13 CPU s)
 def test_search_runs_on_the_subset_and_equals_the_library_on_all(
         tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch

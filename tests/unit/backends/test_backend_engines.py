@@ -376,6 +376,7 @@ def test_gptqmodel_kernels_are_kept_on_their_fp32_dequantize_path() -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gptqmodel") is None, reason="gptqmodel not installed")
+@pytest.mark.e2e  # a fresh interpreter importing GPTQModel (~7 CPU s)
 def test_importing_the_gptqmodel_backend_leaves_the_hub_cache_where_the_user_keeps_it() -> None:
     """tokenicer (a GPTQModel dependency) sets HF_HOME=/tmp/tokenicer_hf_home at import; a
     publish or download later in the same process (or a child) would use it."""

@@ -20,8 +20,8 @@ from quantize.spec.recipe import load_recipe
 
 
 @pytest.fixture(scope="module")
-def moe_model(tmp_path_factory: pytest.TempPathFactory, default_model: Path) -> Path:
-    return build_moe("qwen3_moe", tmp_path_factory.mktemp("moe") / "m", default_model)
+def moe_model(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Path) -> Path:
+    return build_moe("qwen3_moe", tmp_path_factory.mktemp("moe") / "m", default_tokenizer)
 
 
 def _keys(export: Path) -> set[str]:
@@ -34,6 +34,7 @@ def _keys(export: Path) -> set[str]:
     return out
 
 
+@pytest.mark.e2e  # a pipeline run each (~5 CPU s)
 @pytest.mark.parametrize("all_experts", [True, False])
 def test_gptq_on_moe_through_the_pipeline(moe_model: Path, tmp_path: Path,
                                           all_experts: bool) -> None:
@@ -73,6 +74,7 @@ def _export(folder: Path) -> dict[str, Any]:
     return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
 
 
+@pytest.mark.e2e  # quantizes the MoE twice (~20 CPU s)
 def test_disk_tier_gives_the_same_moe_export(moe_model: Path, tmp_path: Path) -> None:
     """Host RAM short (quantize.checks.placement's disk tier): compressed-tensors keeps the
     first layers in RAM and offloads the rest, routers and fused experts included, to disk.

@@ -279,7 +279,7 @@ def test_group_size_auto_counts_the_fused_experts(arch: str) -> None:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_source_weight_is_cut_from_the_fused_tensors_in_the_layout_stored(
-        arch: str, tmp_path: Path, default_model: Path) -> None:
+        arch: str, tmp_path: Path, default_tokenizer: Path) -> None:
     """What verify compares each exported expert with: the slice of the source's fused
     tensors that llm-compressor's per-expert Linear holds, for every architecture. The tiny
     gpt-oss stores gate_up as a square [E, 128, 128] (transposed, gate and up interleaved),
@@ -290,7 +290,7 @@ def test_source_weight_is_cut_from_the_fused_tensors_in_the_layout_stored(
 
     from quantize.model.decode import weight_similarity
 
-    src = build_moe(arch, tmp_path / arch, default_model)
+    src = build_moe(arch, tmp_path / arch, default_tokenizer)
     model = moe.linearize(AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16))
     linears = {n: m.weight.detach().float() for n, m in model.named_modules()
                if ".experts." in n and isinstance(m, torch.nn.Linear)}

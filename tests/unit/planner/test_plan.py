@@ -202,7 +202,7 @@ def test_fused_experts_count_one_scale_per_output_row(arch: str) -> None:
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss"])
 def test_unquantized_estimate_is_the_checkpoints_bytes(arch: str, tmp_path: Path,
-                                                       default_model: Path) -> None:
+                                                       default_tokenizer: Path) -> None:
     """The planner's estimate of a model as it stands is the tensor bytes of the bf16
     checkpoint transformers writes after loading it (as every export is written), to the
     byte, for every tiny MoE fixture: stored buffers count (DeepSeek-V3's router
@@ -216,7 +216,7 @@ def test_unquantized_estimate_is_the_checkpoints_bytes(arch: str, tmp_path: Path
 
     from quantize.model.config import read_config
 
-    src = build_moe(arch, tmp_path / arch, default_model)
+    src = build_moe(arch, tmp_path / arch, default_tokenizer)
     ckpt = tmp_path / "saved"
     AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).save_pretrained(ckpt)
     stored = 0

@@ -69,6 +69,7 @@ _RACER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e  # 90 interpreters (~15 CPU s)
 def test_racing_processes_never_share_a_folder_with_a_stale_lock(tmp_path: Path) -> None:
     """The defect of the pid-file lock: several runs started together on a folder whose
     owner was killed (-9) each cleared the stale lock and each took it."""

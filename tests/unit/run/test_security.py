@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import json
 import stat
-import sys
 from pathlib import Path
 
 import pytest
+from fixtures.hub.runs import dry, make_run
 
 from quantize.model.source import DEFAULT_MODEL, ModelRef
 from quantize.pipeline import from_hub
 from quantize.run.files import hash_tree
 from quantize.run.lock import run_lock
 from tests.fixtures.manifests import read_manifest, write_manifest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
-from test_publish import dry, make_run
 
 
 def mode(path: Path) -> int:

@@ -12,10 +12,10 @@ from quantize.stages import calibrate
 
 
 @pytest.fixture(scope="module")
-def tok(default_model: Path) -> Any:
+def tok(default_tokenizer: Path) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(default_model)
+    return AutoTokenizer.from_pretrained(default_tokenizer)
 
 
 def spec(**kw: Any) -> CalibrationSpec:

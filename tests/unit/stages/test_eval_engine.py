@@ -147,28 +147,27 @@ def _hf_scorer(model: Any) -> Any:
     return score
 
 
-def test_vllm_engine_scores_as_the_hf_engine_and_passes_tp(
-        tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Given the same per-token log-probabilities, the vLLM engine's perplexity, long-context
-    perplexity and multiple-choice accuracy equal the hf engine's (so any difference in a
-    real run is vLLM's numbers, not the scoring), and --tp reaches the worker request."""
+PPL = MetricSpec(name="ppl", kind="perplexity", direction="lower_is_better",
+                 builtin="wiki-eval", max_tokens=600, seq_len=128, threshold=0.5)
+LONG = MetricSpec(name="long", kind="long_perplexity", direction="lower_is_better",
+                  builtin="novel", max_tokens=1100, seq_len=512, score_from=384, threshold=0.5)
+GK = MetricSpec(name="gk", kind="multiple_choice", direction="higher_is_better",
+                task="bigbench:general_knowledge", limit=6, threshold=0.5)
+
+
+def _vllm_and_hf(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                 suite: EvalSuite) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """The suite scored by the vLLM engine (tp 2, fp8 KV cache asked for) with the worker
+    answering the tiny model's own log-probabilities, by the hf engine, and the requests
+    the worker got."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from quantize import metrics
     from quantize.stages.eval import evaluate as hf_evaluate
     from quantize.stages.eval import vllm_engine
     from quantize.vllm import host as vhost
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-    suite = EvalSuite(name="t", batch_size=4, metrics=[
-        MetricSpec(name="ppl", kind="perplexity", direction="lower_is_better",
-                   builtin="wiki-eval", max_tokens=600, seq_len=128, threshold=0.5),
-        MetricSpec(name="long", kind="long_perplexity", direction="lower_is_better",
-                   builtin="novel", max_tokens=1100, seq_len=512, score_from=384,
-                   threshold=0.5),
-        MetricSpec(name="gk", kind="multiple_choice", direction="higher_is_better",
-                   task="bigbench:general_knowledge", limit=6, threshold=0.5)])
     seen: list[dict[str, Any]] = []
     fake = _hf_scorer(model)
 
@@ -181,18 +180,40 @@ def test_vllm_engine_scores_as_the_hf_engine_and_passes_tp(
                             device="cuda")
     got = vllm_engine.evaluate(tiny_model, suite, choice, "candidate", tmp_path,
                                kv_cache_dtype="fp8")
-    assert seen[0]["tp"] == 2 and seen[0]["kv_cache_dtype"] == "fp8" and len(seen) == 1
+    assert len(seen) == 1  # one request (one vLLM process) for every metric of the suite
+    assert seen[0]["tp"] == 2 and seen[0]["kv_cache_dtype"] == "fp8"
+    return got, hf_evaluate(tiny_model, suite, "cpu", "reference"), seen
+
+
+def test_vllm_engine_scores_perplexity_as_the_hf_engine_and_passes_tp(
+        tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given the same per-token log-probabilities, the vLLM engine's perplexity and
+    long-context perplexity equal the hf engine's (so any difference in a real run is vLLM's
+    numbers, not the scoring), and --tp reaches the worker request."""
+    from quantize import metrics
+
+    suite = EvalSuite(name="t", batch_size=4, metrics=[PPL, LONG])
+    got, want, seen = _vllm_and_hf(tiny_model, tmp_path, monkeypatch, suite)
     assert seen[0]["max_model_len"] == 512  # the longest window, every position of it
-    want = hf_evaluate(tiny_model, suite, "cpu", "reference")
     for name in ("ppl", "long"):
         assert got[name].n == want[name].n
         assert got[name].value == pytest.approx(want[name].value, rel=1e-4)
         assert got[name].per_window_nll == pytest.approx(want[name].per_window_nll,
                                                             rel=1e-4)
     assert got["long"].n == 2 * (512 - 384)  # two disjoint windows, the last 128 of each
+    assert metrics.tail_windows(1100, 512, 384) == [(0, 512, 128), (512, 1024, 128)]
+
+
+@pytest.mark.e2e  # lm-eval builds its task index three times (~20 CPU s)
+def test_vllm_engine_scores_multiple_choice_as_the_hf_engine(
+        tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for multiple choice, which lm-eval asks in two passes (the sequences are
+    collected, scored in the one vLLM request with the other metrics, then replayed)."""
+    suite = EvalSuite(name="t", batch_size=4, metrics=[PPL, GK])
+    got, want, _ = _vllm_and_hf(tiny_model, tmp_path, monkeypatch, suite)
     assert got["gk"].per_example == want["gk"].per_example
     assert got["gk"].n == 6
-    assert metrics.tail_windows(1100, 512, 384) == [(0, 512, 128), (512, 1024, 128)]
+    assert got["ppl"].value == pytest.approx(want["ppl"].value, rel=1e-4)
 
 
 # --- the spec: long_perplexity and eval.engine ------------------------------------------------

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
+from fixtures.hub.runs import CALIBRATION, RECIPE, dry, make_run
 from huggingface_hub import ModelCard
-from safetensors.numpy import save_file
 
 from quantize.cli import main
 from quantize.errors import PublishError
@@ -28,62 +26,7 @@ from quantize.spec.recipe import load_recipe
 from quantize.stages.publish import PublishOptions, publish, redact
 from tests.fixtures.manifests import read_manifest, write_manifest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from fixtures.hub import write_eval_gate
-
 FAKE_TOKEN = "hf_QuantizeFakeToken0123456789XYZ"
-RECIPE = """name: tiny-gptq
-description: a test recipe
-method: gptq
-scheme: W4A16
-group_size: 64
-ignore: [lm_head]
-"""
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-          "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "dtype": "float16",
-          "tie_word_embeddings": True}
-QCONFIG = {"quant_method": "compressed-tensors", "format": "pack-quantized", "version": "0.19.0",
-           "ignore": ["lm_head"], "kv_cache_scheme": None,
-           "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
-                                         "weights": {"num_bits": 4, "type": "int",
-                                                     "symmetric": True, "strategy": "group",
-                                                     "group_size": 64}}}}
-CALIBRATION = {"fingerprint": "ab" * 32, "num_samples": 4, "seq_len": 64, "tokens": 256,
-               "spec": {"name": "wiki", "builtin": "wiki", "description": "test text"}}
-VERSIONS = {"quantize": "0.1.0", "llmcompressor": "0.14.0.1", "compressed-tensors": "0.19.0"}
-
-
-def make_run(root: Path, *, source: str | None = None, gate: str | None = "pass") -> Path:
-    """A run folder with a finished export (and eval/gate unless gate=None)."""
-    base = root / "Tiny-Base"
-    base.mkdir(parents=True)
-    (base / "config.json").write_text(json.dumps(CONFIG))
-    save_file({"w": np.zeros((64, 64), dtype=np.float16)}, str(base / "model.safetensors"))
-    (base / "README.md").write_text("---\nlicense: mit\n---\n# Tiny base\n")
-    run = root / "run"
-    export = run / "export"
-    export.mkdir(parents=True)
-    (export / "config.json").write_text(json.dumps({**CONFIG, "quantization_config": QCONFIG}))
-    save_file({"w_packed": np.zeros((64, 8), dtype=np.int32)}, str(export / "model.safetensors"))
-    for name, text in (("tokenizer.json", "{}"), ("tokenizer_config.json", "{}"),
-                       ("generation_config.json", "{}"), ("recipe.yaml", RECIPE),
-                       ("chat_template.jinja", "{{ messages }}"),
-                       ("llmcompressor_recipe.yaml", "default_stage: {}\n")):
-        (export / name).write_text(text)
-    model = {"source": source or str(base), "path": str(base), "fingerprint": "cd" * 32}
-    (export / "manifest.json").write_text(json.dumps(
-        {"model": model, "versions": VERSIONS, "calibration": CALIBRATION,
-         "files": hash_tree(export)}))
-    write_manifest(run, {
-        "schema": 1, "run": "run", "model": model,
-        "recipe": {"name": "tiny-gptq", "sha256": "ef" * 32, "trust_remote_code": False},
-        "versions": VERSIONS, "device": "cpu", "preflight": {"group_size": 64, "layers": 14},
-        "stages": {"export": {"key": "e" * 64, "inputs": {}, "status": "done",
-                              "outputs": hash_tree(export), "summary": {}}}})
-    if gate is not None:
-        write_eval_gate(run, fail=gate == "fail")
-    return run
 
 
 @pytest.fixture
@@ -93,10 +36,6 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
-
-
-def dry(run: Path, **kw: Any) -> Any:
-    return publish(PublishOptions(run=run, org="acme", dry_run=True, **kw))
 
 
 # --- naming -------------------------------------------------------------------------------

@@ -308,17 +308,15 @@ def test_detect_without_vllm_reports_the_problem(tmp_path: Path) -> None:
 
 # --- end to end on a tiny model -------------------------------------------------------------
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def tiny(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Path) -> dict[str, Path]:
     """A tiny random Llama (the default model's tokenizer) and two llm-compressor exports of
     it: W8A8 INT8 (dynamic activations) and W4A16 asymmetric group 32 (packed, zero points).
     Each export's manifest names the dense model, as the export stage writes it."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-    from quantize.model.source import default_model_dir
-
     root = tmp_path_factory.mktemp("tiny")
-    tok = AutoTokenizer.from_pretrained(default_model_dir())
+    tok = AutoTokenizer.from_pretrained(default_tokenizer)
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=16, num_hidden_layers=2,

@@ -117,16 +117,15 @@ def test_preflight_warns_before_calibration_when_the_target_has_no_moe_kernel(
 
 
 @pytest.fixture(scope="module")
-def moe_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def moe_exports(tmp_path_factory: pytest.TempPathFactory,
+                default_tokenizer: Path) -> dict[str, Path]:
     """A tiny random Qwen3-MoE (fused experts) and data-free llm-compressor exports of it, every
     expert unfused: W4A16 symmetric and asymmetric (zero points), group 64; NVFP4A16; and two
     with dynamic per-token activations, FP8_DYNAMIC and W8A8 (INT8)."""
     import torch
 
-    from quantize.model.source import default_model_dir
-
     root = tmp_path_factory.mktemp("moe")
-    dense = build_moe("qwen3_moe", root / "dense", default_model_dir(), dtype="float32")
+    dense = build_moe("qwen3_moe", root / "dense", default_tokenizer, dtype="float32")
     variants = {name: {"config_groups": {"g": {"targets": ["Linear"],
                                                "weights": {**W4, "symmetric": sym}}},
                        "ignore": ["lm_head", "re:.*mlp\\.gate$"]}
@@ -167,16 +166,14 @@ def test_fp4_moe_export_passes_the_exact_decode(moe_exports: dict[str, Path],
 
 
 @pytest.fixture(scope="module")
-def mixtral_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def mixtral_export(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Path) -> Path:
     """A tiny random Mixtral, saved as Mixtral checkpoints are (`block_sparse_moe.experts.<i>.
     w1/w2/w3`), and a data-free W4A16 export of it (stored as `block_sparse_moe.experts.<i>.
     gate_proj/up_proj/down_proj`, which vLLM maps to its w1/w3/w2)."""
     import torch
 
-    from quantize.model.source import default_model_dir
-
     root = tmp_path_factory.mktemp("mixtral")
-    dense = build_moe("mixtral", root / "dense", default_model_dir(), dtype="float32")
+    dense = build_moe("mixtral", root / "dense", default_tokenizer, dtype="float32")
     variants = {"w4": {"config_groups": {"g": {"targets": ["Linear"], "weights": W4}},
                        "ignore": ["lm_head", "re:.*mlp\\.gate$"]}}
     return oneshot_exports(dense, root, variants, dtype=torch.float32)["w4"]
