@@ -183,14 +183,12 @@ def profile(names: list[str], layers: int) -> list[dict[str, Any]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from bench.quant_run import calibration_samples
-    from quantize.backends import _llmc_compat
     from quantize.backends._awq_search import SubsetSearchAWQModifier
-    from quantize.backends.llmcompressor import _quiet_engine, build_modifiers
+    from quantize.backends.llmcompressor import build_modifiers, prepare_engine
     from quantize.model.source import default_model_dir
     from quantize.spec.recipe import load_recipe
 
-    _quiet_engine()
-    _llmc_compat.apply()
+    prepare_engine()
     spent = {"search_forward_s": 0.0, "search_forward_calls": 0}
     for cls in (AWQModifier, SubsetSearchAWQModifier):
         def run_samples(self: Any, module: Any, _orig: Any = cls._run_samples) -> Any:

@@ -84,10 +84,7 @@ def child(a: argparse.Namespace) -> None:
     if a.world == 1:  # the one-process path of LLMCompressorBackend.quantize, phase by phase
         from transformers import AutoTokenizer
 
-        from quantize.backends import _llmc_compat
-
-        llmc._quiet_engine()
-        _llmc_compat.apply()
+        llmc.prepare_engine()
         src, dtype = llmc.dtypes(job)
         tok = AutoTokenizer.from_pretrained(job.model_path)
         model = llmc.load_model(job, dtype)

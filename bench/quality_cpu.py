@@ -59,10 +59,10 @@ def run_setting(name: str, model_dir: Path, windows: Any) -> dict[str, Any]:
     from llmcompressor import oneshot
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quantize.backends.llmcompressor import _quiet_engine, build_modifiers
+    from quantize.backends.llmcompressor import build_modifiers, prepare_engine
     from quantize.spec.recipe import load_recipe
 
-    _quiet_engine()
+    prepare_engine()
     spec, bs = SETTINGS[name]
     recipe = load_recipe("gptq-int4")
     samples = calibration_samples("gptq-int4", spec, str(model_dir))

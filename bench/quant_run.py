@@ -133,16 +133,14 @@ def run_oneshot(a: argparse.Namespace, prof: profiler.Prof | None) -> dict[str, 
     from llmcompressor import oneshot
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quantize.backends import _llmc_compat
     from quantize.backends._gpu_fast import fast_hessian, sdpa_in_traced_layers
-    from quantize.backends.llmcompressor import SHARD_SIZE, _quiet_engine, build_modifiers
+    from quantize.backends.llmcompressor import SHARD_SIZE, build_modifiers, prepare_engine
     from quantize.checks.preflight import check
     from quantize.model.config import read_config, torch_dtype
     from quantize.spec.recipe import load_recipe
     from quantize.stages.calibrate import fingerprint
 
-    _quiet_engine()
-    _llmc_compat.apply()
+    prepare_engine()
     recipe = load_recipe(a.recipe)
     model_dir = Path(a.model)
     # A plain user writes the group size down; only `auto` needs the pipeline's preflight.

@@ -70,15 +70,12 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 def run(job_file: Path, rank: int, world_size: int) -> None:
     from transformers import AutoTokenizer
 
-    from quantize.backends import _llmc_compat
     from quantize.backends import llmcompressor as llmc
     from quantize.backends.distributed import job_from_dict, partition, shares
 
     job, out = job_from_dict(json.loads(job_file.read_text()))
     backend = init_process_group(job.device)
-    llmc._quiet_engine()
-    _llmc_compat.apply()
-    _llmc_compat.apply_distributed()
+    llmc.prepare_engine(distributed=True)
     start, end = partition(len(job.samples), rank, world_size)
     src_dtype, dtype = llmc.dtypes(job)
     tokenizer = AutoTokenizer.from_pretrained(job.model_path)

@@ -136,14 +136,23 @@ def build_modifiers(recipe: Recipe, group_size: int | None, model: Any = None) -
     return mods + MODIFIERS[recipe.method](recipe, common, model)
 
 
-def _quiet_engine() -> None:
-    """llm-compressor logs every layer (INFO and its METRIC level, 38) to stdout; show only
+def prepare_engine(distributed: bool = False) -> None:
+    """What every process does before it runs llm-compressor (the pipeline, its torchrun
+    workers, the benchmarks that time the library's steps): quiet logs, and the library
+    fixes of quantize/backends/_llmc_compat.py (its data-parallel ones when `distributed`).
+
+    llm-compressor logs every layer (INFO and its METRIC level, 38) to stdout; show only
     errors on the console (its full log goes to <run>/logs/) unless the user chose a level."""
+    from quantize.backends import _llmc_compat
+
     os.environ.setdefault("LLM_COMPRESSOR_LOG_LEVEL", "ERROR")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*offloaded modules.*")
     warnings.filterwarnings("ignore", message=".*is_fx_tracing.*")
+    _llmc_compat.apply()
+    if distributed:
+        _llmc_compat.apply_distributed()
 
 
 class LLMCompressorBackend:
@@ -157,12 +166,11 @@ class LLMCompressorBackend:
             from quantize.backends import distributed
 
             return distributed.launch(job, out)
-        _quiet_engine()
+        prepare_engine()
         from transformers import AutoTokenizer
 
-        from quantize.backends import _llmc_compat, moe_coverage
+        from quantize.backends import moe_coverage
 
-        _llmc_compat.apply()
         src_dtype, dtype = dtypes(job)
         tokenizer = AutoTokenizer.from_pretrained(job.model_path)
         _drop_offload(job)  # what a killed run left behind
