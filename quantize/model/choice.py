@@ -1,5 +1,5 @@
 """Log-likelihoods of multiple-choice continuations, each context read once: the scoring loop
-behind `quantize eval`'s multiple-choice metrics on the hf engine (quantize/metrics.py wraps it
+behind `quantize eval`'s multiple-choice metrics on the hf engine (quantize/metrics/ wraps it
 in lm-eval's HFLM, which builds the requests and aggregates the accuracy).
 
 lm-eval's HFLM scores every (context, choice) request as its own sequence: a question with

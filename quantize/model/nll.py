@@ -1,5 +1,5 @@
 """Summed next-token NLL of a causal LM over windows of a token sequence: the perplexity loop
-behind `quantize eval` (quantize/metrics.py) and bench/eval_vs_lmeval.py.
+behind `quantize eval` (quantize/metrics/) and bench/eval_vs_lmeval.py.
 
 A window is (begin, end, n_scored) over `ids`: the model reads ids[begin:end - 1] and the
 window's last n_scored tokens are scored, each predicted from the tokens before it inside the

@@ -166,6 +166,7 @@ def eval(pipe: PipelineView) -> Plan:
                                                suite.engine))
     choice = choose(req, export, pipe.model.path, pipe.recipe.kv_cache is not None,
                     pipe.device)
+    stage.check_engine(suite, choice)
     inputs = {"export": pipe.keys["export"], "suite": stage.measured_settings(suite),
               "device": pipe.device}
     if (engine := stage.engine_key(choice)) is not None:  # absent: hf

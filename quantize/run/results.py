@@ -62,9 +62,19 @@ class ExportSummary(Record):
 
 
 # --- one metric on one model (quantize.metrics) -------------------------------------------
+class Reference(Record):
+    """kl_divergence on the baseline: its top_k log-probabilities at each scored position
+    (token ids and values, most likely first), what the candidate is compared against."""
+
+    ids: list[list[int]]
+    logprobs: list[list[float]]
+
+
 class Score(Record):
     """One metric's result on one model. Perplexity kinds set mean_nll, per_window_nll,
-    window_tokens and tokens_per_s; multiple choice sets stderr and per_example."""
+    window_tokens and tokens_per_s; multiple choice sets stderr, per_example and
+    per_example_choice (the answer chosen); kl_divergence sets per_window (each window's
+    mean KL) and, on the baseline, its reference."""
 
     value: float
     n: int
@@ -75,13 +85,17 @@ class Score(Record):
     per_window_nll: list[float] | None = None
     window_tokens: list[int] | None = None
     per_example: list[float] | None = None
+    per_example_choice: list[int] | None = None
+    per_window: list[float] | None = None
+    reference: Reference | None = None
     tokens_per_s: float | None = None
 
     def summary(self) -> Score:
         """The result without its per-item lists (eval.json keeps these; the baseline cache
         keeps the lists, for the paired noise)."""
-        return Score.model_validate(self.model_dump(exclude_unset=True,
-                                                    exclude={"per_window_nll", "per_example"}))
+        return Score.model_validate(self.model_dump(
+            exclude_unset=True, exclude={"per_window_nll", "per_example", "per_example_choice",
+                                         "per_window", "reference"}))
 
 
 class VllmLoad(Record):
@@ -123,7 +137,7 @@ class Scores:
         return self.vllm if key == VLLM_KEY else self.metrics[key]
 
 
-# --- MoE expert coverage (quantize.metrics.expert_coverage) -------------------------------
+# --- MoE expert coverage (quantize.metrics.coverage) -------------------------------
 class CoverageLayer(Record):
     layer: str
     experts: int

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from quantize.errors import RecipeError
 from quantize.spec.engines import BackendName, check_recipe
 from quantize.spec.methods import METHODS, OPTION_BLOCKS, MethodName, ObserverName
+from quantize.spec.metric_kinds import Direction, MetricKindName, kind_problem, paired_names
 from quantize.spec.paths import PROJECT_ROOT, contained
 from quantize.spec.schemes import SCHEMES, SchemeName
 from quantize.spec.yamlio import parse_model, read_text
@@ -72,17 +73,19 @@ class CalibrationSpec(Strict):
 
 
 # --- eval suites -----------------------------------------------------------------------
-Direction = Literal["lower_is_better", "higher_is_better"]
 EngineName = Literal["hf", "vllm", "auto"]  # what scores a suite (quantize.stages.eval)
 
 
 class MetricSpec(Strict):
+    """One metric of a suite. The fields past `on_fail` belong to the kinds that list them
+    (quantize/spec/metric_kinds.py, THE kind table); a field of another kind is refused."""
+
     name: Name
-    kind: Literal["perplexity", "long_perplexity", "multiple_choice"]
+    kind: MetricKindName
     direction: Direction
     threshold: float = Field(gt=0.0, le=2.0, description="minimum recovery (1.0 = no loss)")
     on_fail: Literal["block", "warn"] = "block"
-    # perplexity
+    # text kinds (perplexity, long_perplexity, kl_divergence)
     builtin: Literal["wiki-eval", "novel"] | None = None
     path: str | None = None
     hub: str | None = None
@@ -96,40 +99,34 @@ class MetricSpec(Strict):
     score_from: int | None = Field(
         default=None, ge=1, description="long_perplexity: first scored position in each window "
         "(default seq_len // 2): only tokens with at least this much context count")
+    # kl_divergence: the baseline's reference distribution per scored position
+    top_k: int = Field(default=32, ge=1, le=1024, description="kl_divergence: the baseline's "
+                       "most likely tokens kept per position (the rest is one bucket)")
     # multiple choice (lm-eval)
     task: str | None = Field(
         default=None,
         description="an lm-eval task name (online), or `bigbench:<task>` for a shipped task")
     limit: int | None = Field(default=None, ge=1)
     num_fewshot: int = Field(default=0, ge=0, le=25)
+    # answer_flips: the multiple_choice metrics whose items it pools
+    of: list[Name] | None = Field(
+        default=None, description="answer_flips: the suite's multiple_choice metrics it "
+        "compares item by item (default: all of them)")
     allow_external_path: bool = Field(
         default=False, description="allow an absolute `path` or one that leaves the suite's "
         "folder")
 
     @model_validator(mode="after")
     def _kind_fields(self) -> MetricSpec:
-        if self.kind == "long_perplexity":
-            if self.stride is not None:
-                raise ValueError("long_perplexity windows are disjoint; remove `stride`")
-            if self.score_from is not None and self.score_from >= self.seq_len:
-                raise ValueError(f"score_from {self.score_from} must be below seq_len "
-                                 f"{self.seq_len}")
-        elif self.score_from is not None:
-            raise ValueError("score_from applies to kind long_perplexity only; remove it")
-        if self.kind in ("perplexity", "long_perplexity"):
-            if self.direction != "lower_is_better":
-                raise ValueError("perplexity is lower_is_better; set direction accordingly")
-            if sum(x is not None for x in (self.builtin, self.path, self.hub)) != 1:
-                raise ValueError("a perplexity metric needs exactly one of builtin, path, hub")
-            if self.stride is not None and self.stride > self.seq_len:
-                raise ValueError(f"stride {self.stride} exceeds seq_len {self.seq_len}; "
-                                 "use a stride <= seq_len")
-        else:
-            if self.task is None:
-                raise ValueError("a multiple_choice metric needs `task`")
-            if self.direction != "higher_is_better":
-                raise ValueError("accuracy is higher_is_better; set direction accordingly")
+        problem = kind_problem(self, set(self.model_fields_set))
+        if problem:
+            raise ValueError(problem)
         return self
+
+
+# Fields added after runs were made: left out of the measured settings while at their
+# default, so the eval keys of those runs stay valid (quantize.stages.eval.measured_settings).
+LATER_FIELDS = {"score_from": None, "top_k": 32, "of": None}
 
 
 class EvalSuite(Strict):
@@ -148,7 +145,23 @@ class EvalSuite(Strict):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"metric names must be unique; repeated: {sorted(dup)}")
+        kinds = {m.name: m.kind for m in self.metrics}
+        for m in self.metrics:
+            if m.kind != "answer_flips":
+                continue
+            pooled = m.of if m.of is not None else paired_names(kinds)
+            wrong = [n for n in pooled if kinds.get(n) != "multiple_choice"]
+            if wrong or not pooled:
+                raise ValueError(f"metric {m.name}: answer_flips compares multiple_choice "
+                                 f"metrics of this suite; {wrong or 'none'} "
+                                 f"{'is not one' if wrong else 'found'} (known: "
+                                 f"{paired_names(kinds)})")
         return self
+
+    def flips_of(self, spec: MetricSpec) -> list[str]:
+        """The multiple_choice metrics an answer_flips metric pools."""
+        return spec.of if spec.of is not None else paired_names(
+            {m.name: m.kind for m in self.metrics})
 
 
 class EvalRef(Strict):

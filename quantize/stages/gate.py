@@ -1,8 +1,9 @@
 """gate: turn eval results into a release verdict.
 
-recovery = baseline/candidate for lower-is-better metrics (perplexity) and
-candidate/baseline for higher-is-better ones (accuracy); a metric passes when
-recovery >= threshold.
+recovery = baseline/candidate for lower-is-better scores (perplexity) and
+candidate/baseline for higher-is-better ones (accuracy); exp(-KL) for KL divergence and
+1 - flip rate for answer flips (each kind's rule: quantize/spec/metric_kinds.py); a metric
+passes when recovery >= threshold.
 
 Noise: baseline and candidate are scored on the same windows/examples, so the gate uses the
 standard error of the *paired* per-item difference. A shortfall smaller than 1.96 SE is not
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from quantize.run.files import atomic_write_json, atomic_write_text
 from quantize.run.results import EvalMetrics, GateResult, GateSummary, MetricRow
+from quantize.spec.metric_kinds import METRIC_KINDS, MetricKind
 from quantize.spec.recipe import MetricSpec
 from quantize.textfmt import md_table
 
@@ -25,12 +27,18 @@ NAME = "gate"
 Z = 1.96
 
 
-def recovery(baseline: float, candidate: float, direction: str) -> float:
-    if direction == "lower_is_better":
-        return baseline / candidate if candidate > 0 else 0.0
-    if baseline <= 0:
-        return 1.0 if candidate >= baseline else 0.0
-    return candidate / baseline
+def _kind(row: MetricRow) -> MetricKind:
+    """The row's kind rule; a structural row (expert_coverage) is judged as a score of its
+    direction."""
+    known = METRIC_KINDS.get(row.kind or "")
+    if known is not None:
+        return known
+    return MetricKind(row.kind or "?", "lower_is_better" if row.direction ==
+                      "lower_is_better" else "higher_is_better", frozenset(), "")
+
+
+def recovery(row: MetricRow) -> float:
+    return _kind(row).recover(row.baseline, row.candidate)
 
 
 def paired_se(base: list[float], cand: list[float]) -> float | None:
@@ -45,19 +53,15 @@ def paired_se(base: list[float], cand: list[float]) -> float | None:
 
 def margin(row: MetricRow) -> tuple[float, float | None]:
     """(how far the candidate is above the threshold, the noise on that) in the metric's
-    natural paired unit: log-perplexity for perplexity, accuracy points for accuracy."""
-    b, c, t = row.baseline, row.candidate, row.threshold
-    se = row.diff_se
-    if row.direction == "lower_is_better":
-        # pass iff log c <= log b - log t
-        return (math.log(b) - math.log(t)) - math.log(c), se
-    return c - t * b, se
+    natural paired unit: log-perplexity for perplexity, accuracy points for accuracy, nats
+    for KL divergence, items for answer flips (quantize/spec/metric_kinds.py)."""
+    return _kind(row).margin_of(row.baseline, row.candidate, row.threshold), row.diff_se
 
 
 def judge(row: MetricRow) -> MetricRow:
     """Add recovery, verdict and a noise note to one metric row."""
     row = MetricRow.model_validate(row).model_copy()  # a row read as JSON, too
-    row.recovery = recovery(row.baseline, row.candidate, row.direction)
+    row.recovery = recovery(row)
     m, se = margin(row)
     passed = row.recovery >= row.threshold
     note = ""

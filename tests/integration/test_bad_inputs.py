@@ -267,12 +267,12 @@ CASES: list[Case] = [
           r"pickle can run code.*--allow-pickle"),
     # --- eval suites ----------------------------------------------------------------------
     suite("unknown-metric-kind", SUITE_OK.replace("kind: perplexity", "kind: bleu"),
-          r"metrics\.0\.kind: Input should be 'perplexity', 'long_perplexity' or "
-          r"'multiple_choice'"),
+          r"metrics\.0\.kind: Input should be 'perplexity', 'long_perplexity', "
+          r"'multiple_choice', 'kl_divergence' or 'answer_flips'"),
     suite("missing-direction", SUITE_OK.replace("    direction: lower_is_better\n", ""),
           r"metrics\.0\.direction: required field is missing"),
     suite("wrong-direction", SUITE_OK.replace("lower_is_better", "higher_is_better"),
-          r"perplexity is lower_is_better"),
+          r"a perplexity metric is lower_is_better; set direction accordingly"),
     suite("unknown-direction", SUITE_OK.replace("lower_is_better", "smaller"),
           r"direction: Input should be 'lower_is_better' or 'higher_is_better'"),
     suite("threshold-out-of-range", SUITE_OK.replace("threshold: 0.9", "threshold: 5"),

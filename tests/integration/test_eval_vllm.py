@@ -42,7 +42,8 @@ SUITE = EvalSuite(name="vllm-slice", batch_size=32, metrics=[
     LONG,
     MetricSpec(name="general_knowledge", kind="multiple_choice",
                direction="higher_is_better", task="bigbench:general_knowledge", limit=30,
-               threshold=0.5)])
+               threshold=0.5),
+    MetricSpec(name="flips", kind="answer_flips", direction="lower_is_better", threshold=0.5)])
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,10 @@ def test_vllm_engine_agrees_with_hf_on_baseline_and_quantized_export(
     ev = json.loads((tmp_path / "eval.json").read_text())
     assert ev["engine"]["vllm"]["candidate"]["quantization"] == "compressed-tensors"
     assert ev["throughput"]["wiki_ppl"]["candidate_tokens_per_s"] > 0
+    # answer flips come from vLLM's per-item answers: as many items as the task scored
+    flips_row = next(r for r in ev["metrics"] if r["name"] == "flips")
+    assert flips_row["n"] == 30 and 0 <= flips_row["candidate"] <= 1
+    assert flips_row["recovery"] == pytest.approx(1 - flips_row["candidate"])
     # vLLM's CPU INT4 kernel (CPUWNA16) rounds activations to bf16 where transformers
     # dequantizes to fp32: the rtn-int4 stand-in's wiki_ppl differed by 1.7 % (32.11 against
     # 31.57, 2026-12-03); the dense baseline and fp8-dynamic stay within 1 %

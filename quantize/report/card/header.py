@@ -28,7 +28,7 @@ def eval_results(inputs: CardInputs) -> list[EvalResult]:
     out = []
     for r in CardMetric.join(inputs.eval, inputs.gate):
         dtype, dname, dconfig = _dataset(r)
-        kind = "accuracy" if r.accuracy else "perplexity"
+        kind = r.unit
         shots = r.settings.get("num_fewshot")
         name = f"{kind} ({shots}-shot)" if kind == "accuracy" and shots is not None else kind
         out.append(EvalResult(

@@ -15,6 +15,7 @@ from typing import Any
 
 from quantize.model.config import ModelConfig
 from quantize.model.qconfig import QuantConfig, read_quant_config
+from quantize.spec.metric_kinds import METRIC_KINDS
 from quantize.spec.recipe import Recipe
 
 Json = dict[str, Any]  # a result file as its stage wrote it
@@ -127,14 +128,19 @@ class CardMetric:
 
     @property
     def accuracy(self) -> bool:
+        """Whether the value reads as a share (accuracy, answer flips)."""
         r = self.row
-        return r.get("kind") == "multiple_choice" or (
+        kind = METRIC_KINDS.get(r.get("kind") or "")
+        return kind.percent if kind is not None else (
             r.get("kind") is None and r.get("direction") == "higher_is_better")
 
     @property
     def unit(self) -> str:
         if self.row.get("kind") == "expert_coverage":  # MoE: 1.0 = every expert sound
             return "MoE experts"
+        kind = METRIC_KINDS.get(self.row.get("kind") or "")
+        if kind is not None:
+            return kind.unit or kind.name
         return "accuracy" if self.accuracy else "perplexity"
 
     @property

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from quantize.errors import EvalError, first_line
-from quantize.metrics import expert_coverage
+from quantize.metrics.coverage import expert_coverage
 from quantize.model.config import ModelConfig, read_config, torch_dtype
 from quantize.model.decode import load_dequantized
 from quantize.model.moe import load_linearized, transformers_load_problem
@@ -40,7 +40,7 @@ from quantize.run.results import (
     VllmLoads,
     expert_coverage_lines,
 )
-from quantize.spec.recipe import EvalSuite, MetricSpec, canonical_hash
+from quantize.spec.recipe import LATER_FIELDS, EvalSuite, canonical_hash
 from quantize.stages.eval.engine import EngineChoice, EngineKey
 from quantize.textfmt import md_table
 
@@ -59,8 +59,9 @@ def measured_settings(suite: EvalSuite) -> MeasuredSettings:
     suite's engine field, which the engine choice replaces). A field added later is left out
     while unset, so existing keys stay valid."""
     return {"batch_size": suite.batch_size,
-            "metrics": [m.model_dump(mode="json", exclude={"threshold", "on_fail"} | (
-                {"score_from"} if m.score_from is None else set())) for m in suite.metrics]}
+            "metrics": [m.model_dump(mode="json", exclude={"threshold", "on_fail"} | {
+                k for k, default in LATER_FIELDS.items() if getattr(m, k) == default})
+                for m in suite.metrics]}
 
 
 # How the hf engine scores multiple-choice tasks (quantize.model.choice: each context read
@@ -77,6 +78,15 @@ def choice_scoring(suite: EvalSuite, choice: EngineChoice | None) -> str | None:
             m.kind == "multiple_choice" for m in suite.metrics):
         return None
     return HF_CHOICE_SCORING
+
+
+def check_engine(suite: EvalSuite, choice: EngineChoice | None) -> None:
+    """Refuse an engine that cannot score every metric of the suite, in one line."""
+    if choice is not None and choice.name == "vllm":
+        from quantize.metrics.kinds import vllm_problem
+
+        if (problem := vllm_problem(suite)) is not None:
+            raise EvalError(f"eval engine vllm ({choice.reason}): {problem}")
 
 
 def engine_key(choice: EngineChoice | None) -> EngineKey | None:
@@ -130,9 +140,11 @@ def dense_native(path: Path, config: ModelConfig, device: str) -> Any:
     return model
 
 
-def evaluate(path: Path, suite: EvalSuite, device: str, label: str) -> Scores:
-    """Every metric of the suite on the model at `path`."""
-    from quantize import metrics
+def evaluate(path: Path, suite: EvalSuite, device: str, label: str,
+             baseline: Scores | None = None) -> Scores:
+    """Every metric of the suite on the model at `path` (`baseline`: the baseline's scores
+    when this is the candidate; the divergence kinds compare against them)."""
+    from quantize.metrics.kinds import SCORERS, ScoreJob
 
     results = Scores()
     with step(f"loading {label} for evaluation"):
@@ -140,12 +152,12 @@ def evaluate(path: Path, suite: EvalSuite, device: str, label: str) -> Scores:
     try:
         with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as work:
             for spec in suite.metrics:
+                scorer = SCORERS[spec.kind].hf
+                if scorer is None:  # derived from other metrics' items (answer_flips)
+                    continue
                 with step(f"{label}: {spec.name}"):
-                    if spec.kind != "multiple_choice":
-                        r = metrics.perplexity(model, tok, spec, suite.batch_size)
-                    else:
-                        r = metrics.multiple_choice(model, tok, spec, suite.batch_size,
-                                                    Path(work))
+                    r = scorer(ScoreJob(model, tok, spec, suite.batch_size, Path(work),
+                                        baseline.metrics.get(spec.name) if baseline else None))
                 results.metrics[spec.name] = r
                 info(f"    {spec.name} = {r.value:.4g} (n={r.n}, {r.seconds}s)")
     finally:
@@ -154,11 +166,11 @@ def evaluate(path: Path, suite: EvalSuite, device: str, label: str) -> Scores:
     return results
 
 
-def score(path: Path, suite: EvalSuite, device: str, label: str, engine: EvalEngine
-          ) -> Scores:
+def score(path: Path, suite: EvalSuite, device: str, label: str, engine: EvalEngine,
+          baseline: Scores | None = None) -> Scores:
     """The suite on one model, by the chosen engine."""
     if engine.choice.name == "hf":
-        return evaluate(path, suite, device, label)
+        return evaluate(path, suite, device, label, baseline)
     from quantize.stages.eval import vllm_engine
 
     kv = engine.choice.kv_cache_dtype if label == "candidate" else "auto"
@@ -189,32 +201,27 @@ def baseline(model_path: Path, fingerprint: str, suite: EvalSuite, device: str,
     return results, False
 
 
-def _diff_se(spec: MetricSpec, base: Score, cand: Score) -> float | None:
-    from quantize.stages.gate import paired_se
-
-    if spec.kind == "multiple_choice":
-        b, c = base.per_example, cand.per_example
-    else:
-        b, c = base.per_window_nll, cand.per_window_nll
-    if b is None or c is None:
-        return None
-    return paired_se(b, c)
-
-
 def compare(suite: EvalSuite, base: Scores, cand: Scores) -> list[MetricRow]:
-    from quantize.stages.gate import recovery
+    """One row per metric: each kind pairs the two models' scores its own way
+    (quantize.metrics.kinds), the gate reads recovery and noise from the kind's rule."""
+    from quantize.metrics.kinds import SCORERS
+    from quantize.spec.metric_kinds import METRIC_KINDS
+    from quantize.stages.gate import paired_se
 
     rows = []
     for spec in suite.metrics:
-        b, c = base.metrics[spec.name], cand.metrics[spec.name]
+        p = SCORERS[spec.kind].pair(spec, suite, base, cand)
+        b_se = base.metrics[spec.name].stderr if spec.name in base.metrics else None
         rows.append(MetricRow(
             name=spec.name, kind=spec.kind, direction=spec.direction,
-            baseline=b.value, candidate=c.value,
-            baseline_stderr=b.stderr, candidate_stderr=c.stderr,
-            diff_se=_diff_se(spec, b, c),
-            recovery=recovery(b.value, c.value, spec.direction),
-            threshold=spec.threshold, on_fail=spec.on_fail, n=c.n,
-            settings=c.settings,
+            baseline=p.baseline, candidate=p.candidate,
+            baseline_stderr=b_se if METRIC_KINDS[spec.kind].per_model else None,
+            candidate_stderr=p.candidate_stderr,
+            diff_se=(paired_se(p.base_items, p.cand_items)
+                     if p.base_items is not None and p.cand_items is not None else None),
+            recovery=METRIC_KINDS[spec.kind].recover(p.baseline, p.candidate),
+            threshold=spec.threshold, on_fail=spec.on_fail, n=p.n,
+            settings=p.settings,
         ))
     return rows
 
@@ -230,7 +237,7 @@ def markdown(result: EvalResult) -> str:
                          f"{r.recovery:.2%}", f"{r.threshold:.2%}") for r in result.metrics],
                        right=(1, 2, 3, 4, 5))]
     for r in result.metrics:
-        if r.name == "expert_coverage":  # MoE exports (quantize/metrics.py)
+        if r.name == "expert_coverage":  # MoE exports (quantize/metrics/coverage.py)
             lines += ["", *expert_coverage_lines(r)]
     for name, tp in result.throughput.items():
         lines.append(f"\n{name}: {tp.engine} forward throughput baseline "
@@ -288,6 +295,7 @@ def serving_dtype(candidate: Path, choice: EngineChoice | None) -> str | None:
 def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, device: str,
         versions: dict[str, str], out: Path, choice: EngineChoice | None = None
         ) -> EvalSummary:
+    check_engine(suite, choice)  # before anything is read
     engine = EvalEngine(choice, out / "logs", serving_dtype(candidate, choice))
     c = engine.choice
     info(f"eval engine: {c.name} ({c.reason})")
@@ -295,7 +303,7 @@ def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, de
     base, cached = baseline(base_path, fingerprint, suite, device, versions, engine)
     pause_point("eval:baseline")  # tests kill the run between baseline and candidate
     t1 = time.perf_counter()
-    cand = score(candidate, suite, device, "candidate", engine)
+    cand = score(candidate, suite, device, "candidate", engine, base)
     t2 = time.perf_counter()
     engine_info = EngineInfo(
         name=c.name, requested=c.requested, reason=c.reason, tp=c.tp,
@@ -338,7 +346,7 @@ def throughput(suite: EvalSuite, base: Scores, cand: Scores, engine: str
     """Tokens/s of the engine on each perplexity metric's windows (forward passes only)."""
     out = {}
     for spec in suite.metrics:
-        if spec.kind != "multiple_choice":
+        if spec.kind in ("perplexity", "long_perplexity"):
             out[spec.name] = Throughput(
                 engine=engine, baseline_tokens_per_s=base.metrics[spec.name].tokens_per_s,
                 candidate_tokens_per_s=cand.metrics[spec.name].tokens_per_s)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import EvalError
+from quantize.metrics.kinds import SCORERS, vllm_problem
 from quantize.progress import info, step
 from quantize.run.results import Score, Scores, VllmLoad
 from quantize.spec.recipe import EvalSuite, MetricSpec
@@ -82,10 +83,14 @@ def evaluate(path: Path, suite: EvalSuite, choice: EngineChoice, label: str, wor
     groups: list[ScoreGroup] = []
     asked: dict[str, list[Key]] = {}  # multiple choice: what lm-eval asks
     windows: dict[str, list[Window]] = {}  # perplexity kinds
+    # each kind's path in vLLM (quantize.metrics.kinds); derived kinds are paired later
+    scored = [m for m in suite.metrics if SCORERS[m.kind].vllm != "derived"]
+    if (problem := vllm_problem(suite)) is not None:
+        raise EvalError(f"--engine vllm: {problem}")
     with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
         work = Path(tmp)
-        for spec in suite.metrics:
-            if spec.kind == "multiple_choice":
+        for spec in scored:
+            if SCORERS[spec.kind].vllm == "choices":
                 keys = _collect(tok, spec, max_length, work / "collect")
                 seqs, starts = [list(k[0]) for k in keys], [k[1] for k in keys]
                 asked[spec.name] = keys
@@ -104,9 +109,9 @@ def evaluate(path: Path, suite: EvalSuite, choice: EngineChoice, label: str, wor
             raise EvalError(f"vLLM could not score the {label} ({path}): {res.error} "
                             f"(log: {res.log}); use --engine hf")
         results = Scores()
-        for spec, group in zip(suite.metrics, res.groups, strict=True):
+        for spec, group in zip(scored, res.groups, strict=True):
             outs = [(o.logprobs, o.ranks) for o in group.outputs]
-            if spec.kind == "multiple_choice":
+            if SCORERS[spec.kind].vllm == "choices":
                 r = _replay(tok, spec, max_length, asked[spec.name], outs, work / "replay")
             else:
                 nll = [-sum(lps) for lps, _ in outs]

@@ -207,7 +207,7 @@ def _coverage(folder: Path, counts: list[int], *, all_experts: bool) -> None:
 def test_gate_blocks_a_planted_nan_scale(tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
-    from quantize.metrics import expert_coverage
+    from quantize.metrics.coverage import expert_coverage
     from quantize.stages import gate
 
     export = _write_experts(tmp_path / "export", torch.full((8, 1), 0.01))
@@ -230,7 +230,7 @@ def test_gate_blocks_a_planted_nan_scale(tmp_path: Path) -> None:
 
 
 def test_gate_blocks_an_expert_never_calibrated(tmp_path: Path) -> None:
-    from quantize.metrics import expert_coverage
+    from quantize.metrics.coverage import expert_coverage
     from quantize.run.results import expert_coverage_lines
     from quantize.stages import gate
 
@@ -251,7 +251,7 @@ def test_gate_blocks_an_expert_never_calibrated(tmp_path: Path) -> None:
 def test_dense_export_has_no_coverage_row(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    from quantize.metrics import expert_coverage
+    from quantize.metrics.coverage import expert_coverage
 
     (tmp_path / "d").mkdir()
     save_file({"model.layers.0.mlp.up_proj.weight_scale": torch.ones(4, 1)},

@@ -223,7 +223,7 @@ def test_long_perplexity_fields_are_checked() -> None:
     base = {"name": "l", "kind": "long_perplexity", "direction": "lower_is_better",
             "builtin": "novel", "seq_len": 2048, "threshold": 0.9}
     assert MetricSpec(**base).score_from is None  # seq_len // 2 when scored
-    with pytest.raises(ValidationError, match="disjoint; remove `stride`"):
+    with pytest.raises(ValidationError, match="stride applies to kind perplexity only"):
         MetricSpec(**base, stride=1024)
     with pytest.raises(ValidationError, match="must be below seq_len"):
         MetricSpec(**base, score_from=2048)

@@ -13,11 +13,21 @@ def row(name: str, b: float, c: float, t: float, direction: str = "higher_is_bet
             "direction": direction, "on_fail": on_fail, "diff_se": diff_se}
 
 
+def _recovery(b: float, c: float, direction: str, kind: str | None = None) -> float:
+    from quantize.run.results import MetricRow
+
+    return recovery(MetricRow.model_validate({**row("m", b, c, 0.9, direction), "kind": kind}))
+
+
 def test_recovery_directions() -> None:
-    assert recovery(20.0, 25.0, "lower_is_better") == pytest.approx(0.8)
-    assert recovery(0.5, 0.45, "higher_is_better") == pytest.approx(0.9)
-    assert recovery(0.0, 0.1, "higher_is_better") == 1.0
-    assert recovery(10.0, 0.0, "lower_is_better") == 0.0
+    assert _recovery(20.0, 25.0, "lower_is_better") == pytest.approx(0.8)
+    assert _recovery(0.5, 0.45, "higher_is_better") == pytest.approx(0.9)
+    assert _recovery(0.0, 0.1, "higher_is_better") == 1.0
+    assert _recovery(10.0, 0.0, "lower_is_better") == 0.0
+    assert _recovery(20.0, 25.0, "lower_is_better", "perplexity") == pytest.approx(0.8)
+    assert _recovery(0.0, 0.1, "lower_is_better", "kl_divergence") == pytest.approx(
+        math.exp(-0.1))
+    assert _recovery(0.0, 0.1, "lower_is_better", "answer_flips") == pytest.approx(0.9)
 
 
 def test_pass_fail_warn_and_all_failures_listed() -> None:

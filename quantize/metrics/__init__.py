@@ -13,14 +13,7 @@ from typing import Any, TypedDict
 
 from quantize.errors import EvalError, first_line
 from quantize.model.nll import window_nll
-from quantize.run.results import (
-    CoverageDetails,
-    CoverageLayer,
-    CoverageSummary,
-    MetricRow,
-    Score,
-    Settings,
-)
+from quantize.run.results import Score, Settings
 from quantize.spec.paths import DATA_DIR
 from quantize.spec.recipe import MetricSpec
 from quantize.spec.texts import BUILTIN_EVAL_TEXT, hub_texts
@@ -312,12 +305,14 @@ def multiple_choice(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: in
         raise EvalError(f"metric {spec.name}: lm-eval returned no result for {task!r}")
     samples = sorted(out["samples"][task], key=lambda s: s["doc_id"])
     per_example = [float(s["acc"]) for s in samples]
+    chosen = [_chosen(s["filtered_resps"]) for s in samples]
     n = len(per_example)
     acc = sum(per_example) / n
     return Score(
         value=acc,
         stderr=math.sqrt(acc * (1 - acc) / max(n - 1, 1)),
         per_example=per_example,
+        per_example_choice=chosen,
         n=n,
         seconds=round(time.perf_counter() - t0, 2),
         settings={"task": spec.task, "num_fewshot": spec.num_fewshot, "limit": spec.limit,
@@ -325,37 +320,8 @@ def multiple_choice(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: in
     )
 
 
-# --- MoE expert coverage (a structural gate row, not a paired measurement) ------------------
-def expert_coverage(export: Path) -> MetricRow | None:
-    """The `expert_coverage` row of an MoE export (None for a dense one): 1.0 when every
-    expert's exported scales are finite and every expert saw calibration data, else 0.0;
-    blocking (an expert with NaN/Inf scales or never calibrated is a broken release). The
-    gate judges it like any row (recovery = candidate/baseline >= threshold 1.0). All-zero
-    scales and experts the router never picked are reported, not blocking: with
-    llm-compressor's all-expert calibration every expert saw every token regardless."""
-    from quantize.model.moe import check_expert_scales, read_coverage
-
-    t0 = time.perf_counter()
-    cov = read_coverage(export)
-    scales = check_expert_scales(export)
-    if cov is None and scales.experts == 0:
-        return None
-    problems = [f"{n}: NaN/Inf scales" for n in scales.nonfinite]
-    if cov is not None:
-        problems += [f"{e}: never calibrated (no routed token)" for e in cov.never_calibrated]
-    value = 0.0 if problems else 1.0
-    details = CoverageDetails(
-        experts_checked=scales.experts, scale_tensors=scales.tensors,
-        nonfinite_scales=scales.nonfinite, all_zero_scales=scales.all_zero,
-        coverage=CoverageSummary.model_validate(cov.summary()) if cov is not None else None,
-        layers=[CoverageLayer.model_validate(lay.model_dump(exclude={"counts"}))
-                for lay in cov.layers] if cov else [],
-        problems=problems)
-    return MetricRow(name="expert_coverage", kind="expert_coverage",
-                     direction="higher_is_better", baseline=1.0, candidate=value,
-                     baseline_stderr=None, candidate_stderr=None, diff_se=None,
-                     recovery=value, threshold=1.0, on_fail="block",
-                     n=scales.experts, seconds=round(time.perf_counter() - t0, 2),
-                     settings={}, details=details)
-
-
+def _chosen(responses: list[Any]) -> int:
+    """The answer lm-eval's `acc` takes for one item: the first choice of highest
+    log-likelihood (numpy's argmax over each choice's (log-likelihood, is_greedy))."""
+    lls = [float(r[0]) for r in responses]
+    return lls.index(max(lls))
