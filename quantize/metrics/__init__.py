@@ -14,8 +14,13 @@ from typing import Any, TypedDict
 from quantize.errors import EvalError, first_line
 from quantize.model.nll import window_nll
 from quantize.run.results import Score, Settings
+from quantize.spec.metric_kinds import (
+    LongPerplexitySpec,
+    MultipleChoiceSpec,
+    PerplexitySpec,
+    TextMetric,
+)
 from quantize.spec.paths import DATA_DIR
-from quantize.spec.recipe import MetricSpec
 from quantize.spec.texts import BUILTIN_EVAL_TEXT, hub_texts
 
 # one table of shipped texts; `novel`: a whole novel, for long-context windows (data/README.md)
@@ -23,7 +28,7 @@ BIGBENCH_DIR = DATA_DIR / "bigbench"
 
 
 # --- perplexity -------------------------------------------------------------------------
-def eval_text(spec: MetricSpec) -> str:
+def eval_text(spec: TextMetric) -> str:
     if spec.builtin is not None:
         return BUILTIN_EVAL_TEXT[spec.builtin].read_text(encoding="utf-8")
     if spec.path is not None:
@@ -67,34 +72,41 @@ def tail_windows(n_tokens: int, seq_len: int, score_from: int) -> list[tuple[int
             for b in range(0, n_tokens - seq_len + 1, seq_len)]
 
 
-def token_windows(tokenizer: Any, spec: MetricSpec) -> tuple[list[int], list[tuple[int, int, int]]]:
-    """The token ids and (begin, end, n_scored) windows a perplexity metric scores: the same
-    for every engine (the vLLM engine sends these windows to vLLM)."""
+def token_windows(tokenizer: Any, spec: TextMetric) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """The token ids and (begin, end, n_scored) windows a text metric scores: the same for
+    every engine (the vLLM engine sends these windows to vLLM). Disjoint windows unless the
+    metric has a stride; long_perplexity's score their tail."""
     text = eval_text(spec)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][: spec.max_tokens]
     if len(ids) < spec.seq_len:
         raise EvalError(f"metric {spec.name}: text has {len(ids)} tokens, fewer than seq_len "
                         f"{spec.seq_len}; use more text or a shorter seq_len")
-    if spec.kind == "long_perplexity":
+    if isinstance(spec, LongPerplexitySpec):
         return ids, tail_windows(len(ids), spec.seq_len, score_from(spec))
-    return ids, windows(len(ids), spec.seq_len, spec.stride or spec.seq_len)
+    return ids, windows(len(ids), spec.seq_len, stride(spec))
 
 
-def score_from(spec: MetricSpec) -> int:
+def stride(spec: TextMetric) -> int:
+    """A text metric's window stride: its own, else disjoint windows."""
+    own = spec.stride if isinstance(spec, PerplexitySpec) else None
+    return own or spec.seq_len
+
+
+def score_from(spec: LongPerplexitySpec) -> int:
     return spec.score_from or spec.seq_len // 2
 
 
-def perplexity_result(spec: MetricSpec, wins: list[tuple[int, int, int]],
+def perplexity_result(spec: TextMetric, wins: list[tuple[int, int, int]],
                       nll_sums: list[float], seconds: float) -> Score:
     """The metric's result from each window's summed NLL over its scored tokens."""
     counts = [scored for _, _, scored in wins]
     total = sum(counts)
     mean_nll = sum(nll_sums) / total
     settings: Settings = {"seq_len": spec.seq_len, "tokens": total}
-    if spec.kind == "long_perplexity":
+    if isinstance(spec, LongPerplexitySpec):
         settings.update({"score_from": score_from(spec), "windows": len(wins)})
     else:
-        settings["stride"] = spec.stride or spec.seq_len
+        settings["stride"] = stride(spec)
     return Score(
         value=math.exp(mean_nll),
         mean_nll=mean_nll,
@@ -107,7 +119,7 @@ def perplexity_result(spec: MetricSpec, wins: list[tuple[int, int, int]],
     )
 
 
-def perplexity(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int) -> Score:
+def perplexity(model: Any, tokenizer: Any, spec: TextMetric, batch_size: int) -> Score:
     """Token-level perplexity: exp(mean NLL per predicted token) over the first max_tokens
     tokens of the text (token perplexity, not lm-eval's word perplexity)."""
     import torch
@@ -118,7 +130,7 @@ def perplexity(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int) ->
     # batched windows without full logits or per-window host syncs; long_perplexity's
     # windows one at a time (an 8k window's activations are the memory to watch)
     nll_sums = window_nll(model, all_ids, wins,
-                          1 if spec.kind == "long_perplexity" else batch_size)
+                          1 if isinstance(spec, LongPerplexitySpec) else batch_size)
     return perplexity_result(spec, wins, nll_sums, time.perf_counter() - t0)
 
 
@@ -172,7 +184,7 @@ def _task_yaml(name: str, data_file: Path) -> str:
     ])
 
 
-def _prepare_task(spec: MetricSpec, workdir: Path) -> tuple[str, Path | None]:
+def _prepare_task(spec: MultipleChoiceSpec, workdir: Path) -> tuple[str, Path | None]:
     """lm-eval task name, and an include dir for shipped tasks (None for lm-eval's own)."""
     assert spec.task is not None
     if not spec.task.startswith("bigbench:"):
@@ -275,7 +287,7 @@ def hf_lm(model: Any, tokenizer: Any, batch_size: int) -> Any:
     return PackedHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
 
 
-def multiple_choice(model: Any, tokenizer: Any, spec: MetricSpec, batch_size: int,
+def multiple_choice(model: Any, tokenizer: Any, spec: MultipleChoiceSpec, batch_size: int,
                     workdir: Path, lm: Any = None) -> Score:
     """Accuracy through lm-eval: `model` via HFLM (hf_lm), or `lm` (a token_lm) when given."""
     import logging

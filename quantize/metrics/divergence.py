@@ -26,7 +26,7 @@ from typing import Any
 
 from quantize.errors import EvalError
 from quantize.run.results import Reference, Score, Settings
-from quantize.spec.recipe import MetricSpec
+from quantize.spec.metric_kinds import KLDivergenceSpec
 
 Window = tuple[int, int, int]  # (begin, end, n_scored), as quantize.metrics.windows
 
@@ -42,7 +42,7 @@ def _window_logprobs(model: Any, ids: Any, window: Window) -> Any:
     return torch.log_softmax(logits[0, -scored:].float(), dim=-1)
 
 
-def reference(model: Any, tokenizer: Any, spec: MetricSpec) -> Score:
+def reference(model: Any, tokenizer: Any, spec: KLDivergenceSpec) -> Score:
     """kl_divergence on the baseline: its reference distribution; KL 0 by definition."""
     import torch
 
@@ -80,7 +80,7 @@ def coarse_kl(ref_ids: Any, ref_lp: Any, cand_lp: Any) -> Any:
     return (listed + rest).clamp(min=0.0)
 
 
-def divergence(model: Any, tokenizer: Any, spec: MetricSpec, ref: Score | None) -> Score:
+def divergence(model: Any, tokenizer: Any, spec: KLDivergenceSpec, ref: Score | None) -> Score:
     """kl_divergence on the candidate: mean KL per scored token from the baseline's
     reference, per window, and how often both pick the same most likely token."""
     import torch
@@ -120,9 +120,9 @@ def divergence(model: Any, tokenizer: Any, spec: MetricSpec, ref: Score | None) 
                  tokens_per_s=round(sum(e - b for b, e, _ in wins) / seconds, 1))
 
 
-def _settings(spec: MetricSpec, wins: list[Window]) -> Settings:
+def _settings(spec: KLDivergenceSpec, wins: list[Window]) -> Settings:
     return {"seq_len": spec.seq_len, "tokens": sum(s for _, _, s in wins),
-            "stride": spec.stride or spec.seq_len, "top_k": spec.top_k}
+            "stride": spec.seq_len, "top_k": spec.top_k}
 
 
 def flips(names: list[str], base: dict[str, Score], cand: dict[str, Score]

@@ -12,6 +12,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from quantize.run.results import Score, Scores, Settings
+from quantize.spec.metric_kinds import (
+    AnswerFlipsSpec,
+    KLDivergenceSpec,
+    MultipleChoiceSpec,
+    TextMetric,
+)
 from quantize.spec.recipe import EvalSuite, MetricSpec
 
 
@@ -45,18 +51,21 @@ class Paired:
 def _perplexity(job: ScoreJob) -> Score:
     from quantize.metrics import perplexity
 
+    assert isinstance(job.spec, TextMetric)
     return perplexity(job.model, job.tokenizer, job.spec, job.batch_size)
 
 
 def _choice(job: ScoreJob) -> Score:
     from quantize.metrics import multiple_choice
 
+    assert isinstance(job.spec, MultipleChoiceSpec)
     return multiple_choice(job.model, job.tokenizer, job.spec, job.batch_size, job.workdir)
 
 
 def _kld(job: ScoreJob) -> Score:
     from quantize.metrics import divergence
 
+    assert isinstance(job.spec, KLDivergenceSpec)
     if job.baseline is None:
         return divergence.reference(job.model, job.tokenizer, job.spec)
     return divergence.divergence(job.model, job.tokenizer, job.spec, job.baseline)
@@ -80,6 +89,7 @@ def _kld_pair(spec: MetricSpec, suite: EvalSuite, base: Scores, cand: Scores) ->
 def _flips_pair(spec: MetricSpec, suite: EvalSuite, base: Scores, cand: Scores) -> Paired:
     from quantize.metrics.divergence import flips, stderr
 
+    assert isinstance(spec, AnswerFlipsSpec)
     rate, per_item, settings = flips(suite.flips_of(spec), base.metrics, cand.metrics)
     return Paired(0.0, rate, [0.0] * len(per_item), per_item, len(per_item), settings,
                   stderr(per_item))

@@ -1,6 +1,7 @@
-"""THE metric-kind table: what each `kind` of an eval-suite metric takes and how the gate
-reads its numbers. Adding a kind is one entry here (its fields, its rules, its recovery)
-plus its scorer in quantize/metrics/kinds.py; nothing else names kinds.
+"""THE metric-kind table: one model per kind (its own fields and rules; a suite's metrics are
+their discriminated union on `kind`) and how the gate reads its numbers. Adding a kind is one
+entry here (its model, its recovery) plus its scorer in quantize/metrics/kinds.py; nothing
+else names kinds.
 
 Two families:
 
@@ -22,21 +23,129 @@ log-perplexity for perplexity, accuracy points for accuracy, nats for KL, items 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from quantize.spec.yamlio import one_of
+from pydantic import Field, model_validator
+
+from quantize.spec.strict import Name, Strict
 
 Direction = Literal["lower_is_better", "higher_is_better"]
 
-# Fields every metric takes; the rest belong to the kinds that list them.
-COMMON_FIELDS = frozenset({"name", "kind", "direction", "threshold", "on_fail"})
-TEXT_FIELDS = frozenset({"builtin", "path", "hub", "subset", "split", "text_field",
-                         "max_tokens", "seq_len", "allow_external_path"})
-CHOICE_FIELDS = frozenset({"task", "limit", "num_fewshot"})
+
+# --- one model per kind ------------------------------------------------------------------
+class MetricBase(Strict):
+    """What every metric of a suite has; its kind's model adds the rest."""
+
+    name: Name
+    kind: str
+    direction: Direction
+    threshold: float = Field(gt=0.0, le=2.0, description="minimum recovery (1.0 = no loss)")
+    on_fail: Literal["block", "warn"] = "block"
+
+    @model_validator(mode="after")
+    def _direction(self) -> MetricBase:
+        want = METRIC_KINDS[self.kind].direction
+        if self.direction != want:
+            raise ValueError(f"a {self.kind} metric is {want}; set direction accordingly")
+        return self
 
 
+class TextMetric(MetricBase):
+    """A metric over token windows of a text: shipped, a file, or a Hub dataset."""
+
+    builtin: Literal["wiki-eval", "novel"] | None = None
+    path: str | None = None
+    hub: str | None = None
+    subset: str | None = None
+    split: str = "test"
+    text_field: str = "text"
+    max_tokens: int = Field(default=16_384, ge=64)
+    seq_len: int = Field(default=512, ge=16)
+    allow_external_path: bool = Field(
+        default=False, description="allow an absolute `path` or one that leaves the suite's "
+        "folder")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TextMetric:
+        if sum(x is not None for x in (self.builtin, self.path, self.hub)) != 1:
+            raise ValueError(f"a {self.kind} metric needs exactly one of builtin, path, hub")
+        return self
+
+
+class PerplexitySpec(TextMetric):
+    """Token perplexity over (strided) windows of a text."""
+
+    kind: Literal["perplexity"] = "perplexity"
+    stride: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _stride(self) -> PerplexitySpec:
+        if self.stride is not None and self.stride > self.seq_len:
+            raise ValueError(f"stride {self.stride} exceeds seq_len {self.seq_len}; use a "
+                             "stride <= seq_len")
+        return self
+
+
+class LongPerplexitySpec(TextMetric):
+    """Disjoint seq_len windows, scoring only positions >= score_from (long context)."""
+
+    kind: Literal["long_perplexity"] = "long_perplexity"
+    score_from: int | None = Field(
+        default=None, ge=1, description="first scored position in each window (default "
+        "seq_len // 2): only tokens with at least this much context count")
+
+    @model_validator(mode="after")
+    def _score_from(self) -> LongPerplexitySpec:
+        if self.score_from is not None and self.score_from >= self.seq_len:
+            raise ValueError(f"score_from {self.score_from} must be below seq_len "
+                             f"{self.seq_len}")
+        return self
+
+
+# The baseline's reference distribution is kept in the baseline cache: top_k log-probs per
+# scored position. This bound keeps that entry under ~20 MB of JSON.
+KLD_MAX_STORED = 1 << 20
+
+
+class KLDivergenceSpec(TextMetric):
+    """Mean KL divergence of the candidate's next-token distribution from the baseline's,
+    over the baseline's top_k tokens and the rest (quantize/metrics/divergence.py)."""
+
+    kind: Literal["kl_divergence"] = "kl_divergence"
+    top_k: int = Field(default=32, ge=1, le=1024, description="the baseline's most likely "
+                       "tokens kept per position (the rest is one bucket)")
+
+    @model_validator(mode="after")
+    def _stored(self) -> KLDivergenceSpec:
+        if self.max_tokens * self.top_k > KLD_MAX_STORED:
+            raise ValueError(f"max_tokens {self.max_tokens} x top_k {self.top_k} keeps more "
+                             f"than {KLD_MAX_STORED:,} log-probabilities of the baseline; "
+                             "lower one of them")
+        return self
+
+
+class MultipleChoiceSpec(MetricBase):
+    """Accuracy on an lm-eval multiple-choice task."""
+
+    kind: Literal["multiple_choice"] = "multiple_choice"
+    task: str = Field(description="an lm-eval task name (online), or `bigbench:<task>` for a "
+                      "shipped task")
+    limit: int | None = Field(default=None, ge=1)
+    num_fewshot: int = Field(default=0, ge=0, le=25)
+
+
+class AnswerFlipsSpec(MetricBase):
+    """The share of multiple-choice items whose chosen answer changed."""
+
+    kind: Literal["answer_flips"] = "answer_flips"
+    of: list[Name] | None = Field(
+        default=None, description="the suite's multiple_choice metrics it compares item by "
+        "item (default: all of them)")
+
+
+# --- the table ------------------------------------------------------------------------------
 def _ratio_recovery(direction: Direction) -> Callable[[float, float], float]:
     def lower(b: float, c: float) -> float:
         return b / c if c > 0 else 0.0
@@ -65,9 +174,7 @@ class MetricKind:
 
     name: str
     direction: Direction  # the direction a metric of this kind must declare
-    fields: frozenset[str]  # the MetricSpec fields it takes beyond COMMON_FIELDS
-    doc: str
-    check: Callable[[Any], str | None] = lambda spec: None  # its own rules: problem or None
+    spec: type[MetricBase]  # its model (fields and rules)
     recovery: Callable[[float, float], float] | None = None  # (baseline, candidate)
     margin: Callable[[float, float, float], float] | None = None  # (b, c, threshold)
     per_model: bool = True  # False: computed from other metrics' paired items, no scoring
@@ -83,81 +190,21 @@ class MetricKind:
         return f(baseline, candidate, threshold)
 
 
-def _text_rules(spec: Any) -> str | None:
-    if sum(x is not None for x in (spec.builtin, spec.path, spec.hub)) != 1:
-        return f"a {spec.kind} metric needs exactly one of builtin, path, hub"
-    return None
-
-
-def _perplexity(spec: Any) -> str | None:
-    if spec.stride is not None and spec.stride > spec.seq_len:
-        return f"stride {spec.stride} exceeds seq_len {spec.seq_len}; use a stride <= seq_len"
-    return _text_rules(spec)
-
-
-def _long(spec: Any) -> str | None:
-    if spec.score_from is not None and spec.score_from >= spec.seq_len:
-        return f"score_from {spec.score_from} must be below seq_len {spec.seq_len}"
-    return _text_rules(spec)
-
-
-def _choice(spec: Any) -> str | None:
-    return None if spec.task is not None else "a multiple_choice metric needs `task`"
-
-
-# The baseline's reference distribution is kept in the baseline cache: top_k log-probs per
-# scored position. This bound keeps that entry under ~20 MB of JSON.
-KLD_MAX_STORED = 1 << 20
-
-
-def _kld(spec: Any) -> str | None:
-    if spec.max_tokens * spec.top_k > KLD_MAX_STORED:
-        return (f"max_tokens {spec.max_tokens} x top_k {spec.top_k} keeps more than "
-                f"{KLD_MAX_STORED:,} log-probabilities of the baseline; lower one of them")
-    return _text_rules(spec)
-
-
 METRIC_KINDS: dict[str, MetricKind] = {k.name: k for k in (
-    MetricKind("perplexity", "lower_is_better", TEXT_FIELDS | {"stride"},
-               "token perplexity over (strided) windows of a text", _perplexity,
-               unit="perplexity"),
-    MetricKind("long_perplexity", "lower_is_better", TEXT_FIELDS | {"score_from"},
-               "perplexity of each disjoint window's tokens past score_from (long context)",
-               _long, unit="perplexity"),
-    MetricKind("multiple_choice", "higher_is_better", CHOICE_FIELDS,
-               "accuracy on an lm-eval multiple-choice task", _choice, unit="accuracy",
+    MetricKind("perplexity", "lower_is_better", PerplexitySpec, unit="perplexity"),
+    MetricKind("long_perplexity", "lower_is_better", LongPerplexitySpec, unit="perplexity"),
+    MetricKind("multiple_choice", "higher_is_better", MultipleChoiceSpec, unit="accuracy",
                percent=True),
-    MetricKind("kl_divergence", "lower_is_better", TEXT_FIELDS | {"top_k"},
-               "mean KL divergence of the candidate's next-token distribution from the "
-               "baseline's, over the baseline's top_k tokens and the rest; recovery exp(-KL)",
-               _kld, recovery=lambda b, c: math.exp(-(c - b)),
+    MetricKind("kl_divergence", "lower_is_better", KLDivergenceSpec,
+               recovery=lambda b, c: math.exp(-(c - b)),
                margin=lambda b, c, t: -math.log(t) - (c - b), unit="KL divergence, nats"),
-    MetricKind("answer_flips", "lower_is_better", frozenset({"of"}),
-               "share of multiple-choice items whose chosen answer changes; recovery "
-               "1 - flips", recovery=lambda b, c: 1.0 - (c - b),
-               margin=lambda b, c, t: (1.0 - (c - b)) - t, per_model=False,
-               unit="answer flips", percent=True),
+    MetricKind("answer_flips", "lower_is_better", AnswerFlipsSpec,
+               recovery=lambda b, c: 1.0 - (c - b), margin=lambda b, c, t: (1.0 - (c - b)) - t,
+               per_model=False, unit="answer flips", percent=True),
 )}
 
 
-# the names a metric's `kind:` takes: the table's keys, looked up at validation
-MetricKindName = one_of(METRIC_KINDS)
-
-
-def kind_problem(spec: Any, fields_set: set[str]) -> str | None:
-    """What is wrong with a metric's fields for its kind (None: nothing)."""
-    kind = METRIC_KINDS[spec.kind]
-    if spec.direction != kind.direction:
-        return (f"a {spec.kind} metric is {kind.direction}; set direction accordingly")
-    foreign = sorted(fields_set - COMMON_FIELDS - kind.fields)
-    if foreign:
-        owners = sorted(k.name for k in METRIC_KINDS.values() if foreign[0] in k.fields)
-        return (f"{foreign[0]} applies to kind {' or '.join(owners) or 'none'} only; "
-                "remove it")
-    return kind.check(spec)
-
-
-def paired_names(kinds: Mapping[str, str]) -> list[str]:
+def paired_names(kinds: dict[str, str]) -> list[str]:
     """The multiple-choice metrics of a suite ({name: kind}), in order: what answer_flips
     pools when its `of` is not given."""
     return [n for n, k in kinds.items() if k == "multiple_choice"]

@@ -11,29 +11,29 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, TypeAdapter, model_validator
 
 from quantize.errors import RecipeError
 from quantize.spec.engines import BackendName, check_recipe
 from quantize.spec.methods import METHODS, OPTION_BLOCKS, MethodName, ObserverName
-from quantize.spec.metric_kinds import Direction, MetricKindName, kind_problem, paired_names
+from quantize.spec.metric_kinds import (
+    METRIC_KINDS,
+    AnswerFlipsSpec,
+    MetricBase,
+    TextMetric,
+    paired_names,
+)
 from quantize.spec.paths import PROJECT_ROOT, contained
 from quantize.spec.schemes import SCHEMES, SchemeName
+from quantize.spec.strict import Name, Strict
 from quantize.spec.yamlio import parse_model, read_text
 
 # The recipe `quantize run`, `make quantize` and `quantize fit` use when none is named: the
 # best 4-bit measured on the default model (eval/README.md, issue #15). The Makefile's
 # RECIPE default repeats it (tests/unit/spec/test_recipe.py checks they agree).
 DEFAULT_RECIPE = "gptq-int4-asym"
-
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
 
 GroupSize = Annotated[int, Field(ge=8, le=4096)] | Literal["auto"]
 
@@ -76,57 +76,39 @@ class CalibrationSpec(Strict):
 EngineName = Literal["hf", "vllm", "auto"]  # what scores a suite (quantize.stages.eval)
 
 
-class MetricSpec(Strict):
-    """One metric of a suite. The fields past `on_fail` belong to the kinds that list them
-    (quantize/spec/metric_kinds.py, THE kind table); a field of another kind is refused."""
-
-    name: Name
-    kind: MetricKindName
-    direction: Direction
-    threshold: float = Field(gt=0.0, le=2.0, description="minimum recovery (1.0 = no loss)")
-    on_fail: Literal["block", "warn"] = "block"
-    # text kinds (perplexity, long_perplexity, kl_divergence)
-    builtin: Literal["wiki-eval", "novel"] | None = None
-    path: str | None = None
-    hub: str | None = None
-    subset: str | None = None
-    split: str = "test"
-    text_field: str = "text"
-    max_tokens: int = Field(default=16_384, ge=64)
-    seq_len: int = Field(default=512, ge=16)
-    stride: int | None = Field(default=None, ge=1)
-    # long_perplexity: disjoint seq_len windows, scoring only positions >= score_from
-    score_from: int | None = Field(
-        default=None, ge=1, description="long_perplexity: first scored position in each window "
-        "(default seq_len // 2): only tokens with at least this much context count")
-    # kl_divergence: the baseline's reference distribution per scored position
-    top_k: int = Field(default=32, ge=1, le=1024, description="kl_divergence: the baseline's "
-                       "most likely tokens kept per position (the rest is one bucket)")
-    # multiple choice (lm-eval)
-    task: str | None = Field(
-        default=None,
-        description="an lm-eval task name (online), or `bigbench:<task>` for a shipped task")
-    limit: int | None = Field(default=None, ge=1)
-    num_fewshot: int = Field(default=0, ge=0, le=25)
-    # answer_flips: the multiple_choice metrics whose items it pools
-    of: list[Name] | None = Field(
-        default=None, description="answer_flips: the suite's multiple_choice metrics it "
-        "compares item by item (default: all of them)")
-    allow_external_path: bool = Field(
-        default=False, description="allow an absolute `path` or one that leaves the suite's "
-        "folder")
-
-    @model_validator(mode="after")
-    def _kind_fields(self) -> MetricSpec:
-        problem = kind_problem(self, set(self.model_fields_set))
-        if problem:
-            raise ValueError(problem)
-        return self
-
+# A suite's metric: the model of its kind (quantize/spec/metric_kinds.py), chosen by `kind`.
+MetricSpec = MetricBase
 
 # Fields added after runs were made: left out of the measured settings while at their
 # default, so the eval keys of those runs stay valid (quantize.stages.eval.measured_settings).
 LATER_FIELDS = {"score_from": None, "top_k": 32, "of": None}
+# The fields every metric had when metrics were one flat model, with their defaults: added to
+# each metric's measured settings where its kind's model lacks them, so the keys of runs
+# made then stay valid.
+FLAT_FIELDS: dict[str, object] = {
+    "builtin": None, "path": None, "hub": None, "subset": None, "split": "test",
+    "text_field": "text", "max_tokens": 16_384, "seq_len": 512, "stride": None, "task": None,
+    "limit": None, "num_fewshot": 0, "allow_external_path": False}
+
+
+def metric_union() -> Any:
+    """The type of a suite's `metrics` items: the table's kinds, discriminated by `kind`."""
+    names = [repr(k) for k in METRIC_KINDS]
+    expected = ", ".join(names[:-1]) + f" or {names[-1]}"
+    specs = tuple(Annotated[k.spec, Tag(k.name)] for k in METRIC_KINDS.values())
+    return Annotated[Union[specs], Discriminator(  # noqa: UP007
+        _kind_of, custom_error_type="unknown_kind",
+        custom_error_message=f"kind: Input should be {expected}")]
+
+
+def _kind_of(value: Any) -> str | None:
+    return value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+
+
+def parse_metric(data: dict[str, Any]) -> MetricSpec:
+    """One metric from its fields, as a suite reads it (tests, benchmarks, code)."""
+    spec: MetricSpec = TypeAdapter(metric_union()).validate_python(data)
+    return spec
 
 
 class EvalSuite(Strict):
@@ -137,6 +119,7 @@ class EvalSuite(Strict):
         default=None, description="what scores the suite: hf (transformers + lm-eval), vllm "
         "(prompt log-probabilities in the vLLM environment) or auto; a recipe's eval.engine "
         "and `quantize eval --engine` override it")
+    # the kinds' union (metric_union): set by rebuild_suite below, after an entry is added
     metrics: list[MetricSpec] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -149,6 +132,7 @@ class EvalSuite(Strict):
         for m in self.metrics:
             if m.kind != "answer_flips":
                 continue
+            assert isinstance(m, AnswerFlipsSpec)
             pooled = m.of if m.of is not None else paired_names(kinds)
             wrong = [n for n in pooled if kinds.get(n) != "multiple_choice"]
             if wrong or not pooled:
@@ -158,10 +142,20 @@ class EvalSuite(Strict):
                                  f"{paired_names(kinds)})")
         return self
 
-    def flips_of(self, spec: MetricSpec) -> list[str]:
+    def flips_of(self, spec: AnswerFlipsSpec) -> list[str]:
         """The multiple_choice metrics an answer_flips metric pools."""
         return spec.of if spec.of is not None else paired_names(
             {m.name: m.kind for m in self.metrics})
+
+
+def rebuild_suite() -> None:
+    """Let EvalSuite take every kind of the table: called here, and again by whoever adds or
+    removes a kind at run time (tests/unit/metrics/test_kinds.py)."""
+    EvalSuite.model_fields["metrics"].annotation = list[metric_union()]  # type: ignore[misc,assignment]
+    EvalSuite.model_rebuild(force=True)
+
+
+rebuild_suite()
 
 
 class EvalRef(Strict):
@@ -368,7 +362,7 @@ def load_suite(name_or_path: str) -> EvalSuite:
     suite: EvalSuite = _load("eval", EvalSuite, name_or_path)
     metrics = []
     for m in suite.metrics:
-        if m.path is not None:
+        if isinstance(m, TextMetric) and m.path is not None:
             inside = contained(folder, m.path, m.allow_external_path,
                                f"eval suite {suite.name!r}: metric {m.name} path", str(folder))
             m = m.model_copy(update={"path": str(inside)})

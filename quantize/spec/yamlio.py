@@ -101,14 +101,37 @@ def _split(message: str) -> tuple[str, str | None]:
     return problem, hint or None
 
 
-def validation_problems(exc: ValidationError,
-                        lines: dict[Loc, int]) -> list[tuple[int | None, str, str | None]]:
-    """Each schema problem as (line, `field: problem`, fix)."""
+def _data_path(loc: tuple[str | int, ...], kind: str, data: Any) -> tuple[str | int, ...]:
+    """The error's path in the document: without the tag pydantic inserts after an item of a
+    discriminated union (`metrics.0.perplexity.top_k` is `metrics.0.top_k` in the YAML). A
+    name that is not a key where it stands is such a tag, unless it is the field a
+    missing/unknown-field error is about (the last one)."""
+    if data is None:
+        return loc
+    out: list[str | int] = []
+    at = data
+    for i, p in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(at, dict) and isinstance(p, str) and p not in at and not (
+                last and kind in ("missing", "extra_forbidden")):
+            continue
+        out.append(p)
+        inside = (isinstance(at, dict) and p in at) or (
+            isinstance(at, list) and isinstance(p, int) and p < len(at))
+        at = at[p] if inside else None
+    return tuple(out)
+
+
+def validation_problems(exc: ValidationError, lines: dict[Loc, int], data: Any = None
+                        ) -> list[tuple[int | None, str, str | None]]:
+    """Each schema problem as (line, `field: problem`, fix); `data`: the document, to read
+    each error's path in it."""
     parts = []
     for err in exc.errors():
         loc = tuple(str(p) if not isinstance(p, int) else p for p in err["loc"])
         # pydantic appends the union member / validator name to loc; keep the data path
-        data_loc = tuple(p for p in loc if not (isinstance(p, str) and p.startswith("function-")))
+        data_loc = _data_path(tuple(p for p in loc if not (
+            isinstance(p, str) and p.startswith("function-"))), err["type"], data)
         line = _nearest_line(lines, tuple(str(p) if isinstance(p, str) else p for p in data_loc))
         field = ".".join(str(p) for p in data_loc) or "(document)"
         msg = _one_line(err["msg"])
@@ -121,10 +144,11 @@ def validation_problems(exc: ValidationError,
     return parts
 
 
-def format_validation_error(exc: ValidationError, source: str, lines: dict[Loc, int]) -> str:
+def format_validation_error(exc: ValidationError, source: str, lines: dict[Loc, int],
+                            data: Any = None) -> str:
     """One message listing each schema problem as `file:line: field: problem`."""
     return "; ".join(compose(problem, hint, source, line)
-                     for line, problem, hint in validation_problems(exc, lines))
+                     for line, problem, hint in validation_problems(exc, lines, data))
 
 
 def parse_model(model: type[M], text: str, source: str) -> M:
@@ -135,11 +159,12 @@ def parse_model(model: type[M], text: str, source: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        parts = validation_problems(exc, lines)
+        parts = validation_problems(exc, lines, data)
         if len(parts) == 1:  # the usual case: one problem, its fields
             line, problem, hint = parts[0]
             raise RecipeError(problem=problem, hint=hint, path=source, line=line) from None
-        raise RecipeError(format_validation_error(exc, source, lines), path=source) from None
+        raise RecipeError(format_validation_error(exc, source, lines, data),
+                          path=source) from None
 
 
 def one_of(table: Mapping[str, Any]) -> Any:

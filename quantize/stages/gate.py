@@ -19,7 +19,7 @@ from pathlib import Path
 
 from quantize.run.files import atomic_write_json, atomic_write_text
 from quantize.run.results import EvalMetrics, GateResult, GateSummary, MetricRow
-from quantize.spec.metric_kinds import METRIC_KINDS, MetricKind
+from quantize.spec.metric_kinds import METRIC_KINDS, MetricBase, MetricKind
 from quantize.spec.recipe import MetricSpec
 from quantize.textfmt import md_table
 
@@ -34,7 +34,7 @@ def _kind(row: MetricRow) -> MetricKind:
     if known is not None:
         return known
     return MetricKind(row.kind or "?", "lower_is_better" if row.direction ==
-                      "lower_is_better" else "higher_is_better", frozenset(), "")
+                      "lower_is_better" else "higher_is_better", MetricBase)
 
 
 def recovery(row: MetricRow) -> float:

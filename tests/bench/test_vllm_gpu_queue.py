@@ -41,3 +41,11 @@ def test_queue_order_alone_and_failures(tmp_path: Path, monkeypatch: pytest.Monk
     # a second run resumes: every job has a state, nothing runs again
     vllm_gpu.run_queue(60, q)
     assert len(f.read_text().splitlines()) == 4
+
+
+def test_a_session_runs_the_rows_it_names_with_what_they_need() -> None:
+    queue = [_job("a", "pass"), _job("b", "pass", needs=["a"]), _job("c", "pass"),
+             _job("d", "pass", needs=["b", "vllm"])]
+    assert [j.name for j in vllm_gpu.select(queue, "d")] == ["a", "b", "d"]
+    assert [j.name for j in vllm_gpu.select(queue, "c, x*")] == ["c"]
+    assert vllm_gpu.select(queue, "") == queue

@@ -267,7 +267,7 @@ CASES: list[Case] = [
           r"pickle can run code.*--allow-pickle"),
     # --- eval suites ----------------------------------------------------------------------
     suite("unknown-metric-kind", SUITE_OK.replace("kind: perplexity", "kind: bleu"),
-          r"metrics\.0\.kind: Input should be 'perplexity', 'long_perplexity', "
+          r"metrics\.0: kind: Input should be 'perplexity', 'long_perplexity', "
           r"'multiple_choice', 'kl_divergence' or 'answer_flips'"),
     suite("missing-direction", SUITE_OK.replace("    direction: lower_is_better\n", ""),
           r"metrics\.0\.direction: required field is missing"),
@@ -283,7 +283,10 @@ CASES: list[Case] = [
           r"metric names must be unique; repeated: \['ppl'\]"),
     suite("multiple-choice-without-task", "name: s\nmetrics:\n  - name: mc\n"
           "    kind: multiple_choice\n    direction: higher_is_better\n    threshold: 0.9\n",
-          r"a multiple_choice metric needs `task`"),
+          r"metrics\.0\.task: required field is missing; add it"),
+    suite("field-of-another-kind",
+          SUITE_OK.replace("threshold: 0.9", "threshold: 0.9\n    task: x"),
+          r":8: metrics\.0\.task: unknown field; remove it or check its spelling"),
     suite("no-metrics", "name: s\nmetrics: []\n", r"metrics: List should have at least 1"),
     suite("suite-name-differs", SUITE_OK.replace("name: s\n", "name: t\n"),
           r"name 't' differs from the file name 's'"),

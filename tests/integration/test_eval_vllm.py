@@ -25,25 +25,26 @@ from typing import Any
 import pytest
 from fixtures.vllm import NEEDS_VLLM, VLLM_PYTHON
 
-from quantize.spec.recipe import EvalSuite, MetricSpec
+from quantize.spec.recipe import EvalSuite, parse_metric
 from quantize.vllm import host as vllm_host
 
 pytestmark = NEEDS_VLLM
 
-LONG = MetricSpec(name="long_ppl", kind="long_perplexity", direction="lower_is_better",
-                  builtin="novel", max_tokens=4096, seq_len=2048, threshold=0.5)
+LONG = parse_metric(dict(name="long_ppl", kind="long_perplexity", direction="lower_is_better",
+                         builtin="novel", max_tokens=4096, seq_len=2048, threshold=0.5))
 # batch_size only sets how the hf engine batches its forward passes (vLLM gets every sequence
 # in one request): 32 runs multiple choice's 232 requests in 8 calls instead of 58. The
 # fp8-dynamic candidate's transformers forward fake-quantizes every activation at a large
 # cost per call: 14 s instead of 115 s on 2 cores, the same 30 answers (2026-12-04).
 SUITE = EvalSuite(name="vllm-slice", batch_size=32, metrics=[
-    MetricSpec(name="wiki_ppl", kind="perplexity", direction="lower_is_better",
-               builtin="wiki-eval", max_tokens=2048, seq_len=512, threshold=0.5),
+    parse_metric(dict(name="wiki_ppl", kind="perplexity", direction="lower_is_better",
+                      builtin="wiki-eval", max_tokens=2048, seq_len=512, threshold=0.5)),
     LONG,
-    MetricSpec(name="general_knowledge", kind="multiple_choice",
-               direction="higher_is_better", task="bigbench:general_knowledge", limit=30,
-               threshold=0.5),
-    MetricSpec(name="flips", kind="answer_flips", direction="lower_is_better", threshold=0.5)])
+    parse_metric(dict(name="general_knowledge", kind="multiple_choice",
+                      direction="higher_is_better", task="bigbench:general_knowledge", limit=30,
+                      threshold=0.5)),
+    parse_metric(dict(name="flips", kind="answer_flips", direction="lower_is_better",
+                      threshold=0.5))])
 
 
 @pytest.fixture(scope="module")

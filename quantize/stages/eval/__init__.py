@@ -40,7 +40,7 @@ from quantize.run.results import (
     VllmLoads,
     expert_coverage_lines,
 )
-from quantize.spec.recipe import LATER_FIELDS, EvalSuite, canonical_hash
+from quantize.spec.recipe import FLAT_FIELDS, LATER_FIELDS, EvalSuite, MetricSpec, canonical_hash
 from quantize.stages.eval.engine import EngineChoice, EngineKey
 from quantize.textfmt import md_table
 
@@ -58,10 +58,19 @@ def measured_settings(suite: EvalSuite) -> MeasuredSettings:
     """What changes the numbers (not the thresholds, which only the gate uses; not the
     suite's engine field, which the engine choice replaces). A field added later is left out
     while unset, so existing keys stay valid."""
-    return {"batch_size": suite.batch_size,
-            "metrics": [m.model_dump(mode="json", exclude={"threshold", "on_fail"} | {
-                k for k, default in LATER_FIELDS.items() if getattr(m, k) == default})
-                for m in suite.metrics]}
+    return {"batch_size": suite.batch_size, "metrics": [_settings(m) for m in suite.metrics]}
+
+
+def _settings(m: MetricSpec) -> dict[str, Any]:
+    """One metric's part: its fields as the flat model of earlier versions dumped them (the
+    same keys, the same order), then its kind's own fields where not at their default."""
+    own = m.model_dump(mode="json", exclude={"threshold", "on_fail"})
+    later = {k: own.pop(k) for k in list(own) if k in LATER_FIELDS}
+    head = {k: own.pop(k) for k in ("name", "kind", "direction")}
+    flat = {k: own.pop(k, v) for k, v in FLAT_FIELDS.items()}
+    out = {**head, **flat, **own}
+    out.update({k: v for k, v in later.items() if v != LATER_FIELDS[k]})
+    return out
 
 
 # How the hf engine scores multiple-choice tasks (quantize.model.choice: each context read

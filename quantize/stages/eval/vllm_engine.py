@@ -23,7 +23,8 @@ from quantize.errors import EvalError
 from quantize.metrics.kinds import SCORERS, vllm_problem
 from quantize.progress import info, step
 from quantize.run.results import Score, Scores, VllmLoad
-from quantize.spec.recipe import EvalSuite, MetricSpec
+from quantize.spec.metric_kinds import MultipleChoiceSpec, TextMetric
+from quantize.spec.recipe import EvalSuite
 from quantize.stages.eval.engine import EngineChoice
 from quantize.vllm.protocol import ScoreGroup, ScoreRequest, kernel_counts, score, size_kv
 
@@ -32,14 +33,14 @@ Key = tuple[tuple[int, ...], int]
 Window = tuple[int, int, int]  # begin, end, tokens scored (quantize.metrics.windows)
 
 
-def _windows(tok: Any, spec: MetricSpec) -> tuple[list[list[int]], list[int], list[Window]]:
+def _windows(tok: Any, spec: TextMetric) -> tuple[list[list[int]], list[int], list[Window]]:
     from quantize import metrics
 
     ids, wins = metrics.token_windows(tok, spec)
     return [ids[b:e] for b, e, _ in wins], [e - b - s for b, e, s in wins], wins
 
 
-def _collect(tok: Any, spec: MetricSpec, max_length: int, work: Path) -> list[Key]:
+def _collect(tok: Any, spec: MultipleChoiceSpec, max_length: int, work: Path) -> list[Key]:
     """The (sequence, score_from) pairs lm-eval will ask about for this task."""
     from quantize import metrics
 
@@ -90,11 +91,12 @@ def evaluate(path: Path, suite: EvalSuite, choice: EngineChoice, label: str, wor
     with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
         work = Path(tmp)
         for spec in scored:
-            if SCORERS[spec.kind].vllm == "choices":
+            if isinstance(spec, MultipleChoiceSpec):  # the "choices" path
                 keys = _collect(tok, spec, max_length, work / "collect")
                 seqs, starts = [list(k[0]) for k in keys], [k[1] for k in keys]
                 asked[spec.name] = keys
-            else:
+            else:  # the "windows" path
+                assert isinstance(spec, TextMetric)
                 seqs, starts, wins = _windows(tok, spec)
                 if max(len(s) for s in seqs) > max_length:
                     raise EvalError(f"metric {spec.name}: seq_len {spec.seq_len} exceeds the "
@@ -111,9 +113,10 @@ def evaluate(path: Path, suite: EvalSuite, choice: EngineChoice, label: str, wor
         results = Scores()
         for spec, group in zip(scored, res.groups, strict=True):
             outs = [(o.logprobs, o.ranks) for o in group.outputs]
-            if SCORERS[spec.kind].vllm == "choices":
+            if isinstance(spec, MultipleChoiceSpec):
                 r = _replay(tok, spec, max_length, asked[spec.name], outs, work / "replay")
             else:
+                assert isinstance(spec, TextMetric)
                 nll = [-sum(lps) for lps, _ in outs]
                 r = metrics.perplexity_result(spec, windows[spec.name], nll, group.seconds)
             r.seconds = group.seconds  # vLLM's time on this metric's sequences
@@ -126,7 +129,7 @@ def evaluate(path: Path, suite: EvalSuite, choice: EngineChoice, label: str, wor
     return results
 
 
-def _replay(tok: Any, spec: MetricSpec, max_length: int, keys: list[Key],
+def _replay(tok: Any, spec: MultipleChoiceSpec, max_length: int, keys: list[Key],
             outs: list[tuple[list[float], list[int]]], work: Path) -> Score:
     from quantize import metrics
 

@@ -11,7 +11,7 @@ import pytest
 from quantize.errors import EvalError
 from quantize.metrics.divergence import coarse_kl, divergence, flips, reference
 from quantize.run.results import Score
-from quantize.spec.recipe import MetricSpec
+from quantize.spec.recipe import MetricSpec, parse_metric
 
 
 def _full_kl(p_lp: Any, q_lp: Any) -> Any:
@@ -40,7 +40,7 @@ def test_coarse_kl_is_a_lower_bound_that_meets_the_full_kl() -> None:
 def _spec(**kw: Any) -> MetricSpec:
     base = {"name": "kld", "kind": "kl_divergence", "direction": "lower_is_better",
             "builtin": "wiki-eval", "max_tokens": 200, "seq_len": 64, "threshold": 0.9}
-    return MetricSpec(**{**base, **kw})
+    return parse_metric({**base, **kw})
 
 
 def test_kl_divergence_of_a_tiny_model_against_itself_and_a_perturbed_copy(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from pydantic import ValidationError
@@ -15,7 +15,7 @@ from quantize.errors import EvalError
 from quantize.metrics import kinds
 from quantize.run.results import MetricRow, Score, Scores
 from quantize.spec import metric_kinds
-from quantize.spec.recipe import EvalSuite, MetricSpec
+from quantize.spec.recipe import EvalSuite, parse_metric, rebuild_suite
 from quantize.stages import gate
 from quantize.stages.eval import compare
 
@@ -33,20 +33,39 @@ def test_every_kind_has_a_scorer_and_the_scorers_no_other_kind() -> None:
         assert (kinds.SCORERS[name].hf is None) == (not kind.per_model), name
 
 
-@pytest.mark.parametrize(("metric", "field"), [
-    ({**PPL, "top_k": 8}, "top_k applies to kind kl_divergence only"),
-    ({**PPL, "task": "x"}, "task applies to kind multiple_choice only"),
-    ({**GK, "seq_len": 64}, "seq_len applies to kind "),
-    ({**PPL, "direction": "higher_is_better"}, "a perplexity metric is lower_is_better"),
-    ({**PPL, "score_from": 4}, "score_from applies to kind long_perplexity only"),
+@pytest.mark.parametrize(("metric", "problem"), [
+    ({**PPL, "top_k": 8}, ("perplexity", "top_k", "Extra inputs are not permitted")),
+    ({**PPL, "task": "x"}, ("perplexity", "task", "Extra inputs are not permitted")),
+    ({**GK, "seq_len": 64}, ("multiple_choice", "seq_len", "Extra inputs are not permitted")),
+    ({**PPL, "score_from": 4}, ("perplexity", "score_from", "Extra inputs are not permitted")),
+    ({**GK, "task": None}, ("multiple_choice", "task", "Input should be a valid string")),
+    ({**PPL, "direction": "higher_is_better"},
+     ("perplexity", "a perplexity metric is lower_is_better")),
     ({**PPL, "kind": "kl_divergence", "max_tokens": 65536, "top_k": 64},
-     "keeps more than 1,048,576 log-probabilities"),
+     ("kl_divergence", "keeps more than 1,048,576 log-probabilities")),
+    ({**PPL, "kind": "bleu"}, ("kind: Input should be 'perplexity', 'long_perplexity', "
+                               "'multiple_choice', 'kl_divergence' or 'answer_flips'",)),
 ])
-def test_a_field_of_another_kind_is_refused_with_its_owner(metric: dict[str, Any],
-                                                           field: str) -> None:
+def test_each_kind_is_its_own_model(metric: dict[str, Any], problem: tuple[str, ...]) -> None:
+    """A field of another kind is unknown to this one; the kind's own rules apply."""
     with pytest.raises(ValidationError) as err:
-        MetricSpec(**metric)
-    assert field in str(err.value)
+        parse_metric(metric)
+    e = err.value.errors()[0]
+    assert [str(p) for p in e["loc"]][:len(problem) - 1] == list(problem[:-1])
+    assert problem[-1] in e["msg"]
+
+
+def test_a_suite_file_names_the_line_and_field_without_the_kind_tag(tmp_path: Path) -> None:
+    from quantize.errors import RecipeError
+    from quantize.spec.recipe import load_suite
+
+    p = tmp_path / "s.yaml"
+    p.write_text("name: s\nmetrics:\n  - name: ppl\n    kind: perplexity\n"
+                 "    direction: lower_is_better\n    builtin: wiki-eval\n"
+                 "    threshold: 0.9\n    top_k: 8\n")
+    with pytest.raises(RecipeError) as err:
+        load_suite(str(p))
+    assert err.value.line == 8 and "metrics.0.top_k: unknown field" in str(err.value)
 
 
 def test_answer_flips_pool_the_suites_multiple_choice_metrics() -> None:
@@ -84,12 +103,19 @@ def test_divergence_rows_have_a_zero_baseline_and_their_own_recovery() -> None:
     assert f.baseline_stderr is None and f.diff_se == pytest.approx(0.25)
 
 
+class VocabSizeSpec(metric_kinds.MetricBase):
+    """A fake kind: the tokenizer's size, higher is better."""
+
+    kind: Literal["vocab_size"] = "vocab_size"
+    at_least: int = 1
+
+
 def test_a_new_kind_is_one_entry_in_each_table(monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path) -> None:
-    """A fake kind, `vocab_size` (the tokenizer's size, higher is better), added at run time:
-    the suite validates it, the hf engine scores it, the row and the gate read it."""
+    """A fake kind added at run time: the suite validates it (its own field too), the hf
+    engine scores it, the row and the gate read it, the vLLM engine says why not."""
     monkeypatch.setitem(metric_kinds.METRIC_KINDS, "vocab_size", metric_kinds.MetricKind(
-        "vocab_size", "higher_is_better", frozenset(), "the tokenizer's size"))
+        "vocab_size", "higher_is_better", VocabSizeSpec))
 
     def score(job: kinds.ScoreJob) -> Score:
         return Score(value=float(job.tokenizer), n=1, seconds=0.0)
@@ -97,20 +123,35 @@ def test_a_new_kind_is_one_entry_in_each_table(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setitem(kinds.SCORERS, "vocab_size",
                         kinds.Scorer(score, None, kinds.SCORERS["perplexity"].pair,
                                      no_vllm="a fake"))
-    suite = EvalSuite(name="s", metrics=[{"name": "v", "kind": "vocab_size",
-                                          "direction": "higher_is_better", "threshold": 0.9}])
-    job = kinds.ScoreJob(None, 100, suite.metrics[0], 1, tmp_path)
-    base = _scores(v=kinds.SCORERS["vocab_size"].hf(job))  # type: ignore[misc]
-    cand = _scores(v=Score(value=80.0, n=1, seconds=0.0))
-    row = gate.judge(compare(suite, base, cand)[0])
-    assert (row.recovery, row.verdict) == (0.8, "fail")
-    assert kinds.vllm_problem(suite) == ("metric v (kind vocab_size) is scored by the hf "
-                                         "engine only: a fake; use --engine hf or a suite "
-                                         "without it")
-    monkeypatch.delitem(metric_kinds.METRIC_KINDS, "vocab_size")
+    fake = {"name": "v", "kind": "vocab_size", "direction": "higher_is_better",
+            "threshold": 0.9, "at_least": 3}
+    try:
+        rebuild_suite()
+        suite = EvalSuite(name="s", metrics=[fake])
+        assert isinstance(suite.metrics[0], VocabSizeSpec) and suite.metrics[0].at_least == 3
+        job = kinds.ScoreJob(None, 100, suite.metrics[0], 1, tmp_path)
+        base = _scores(v=kinds.SCORERS["vocab_size"].hf(job))  # type: ignore[misc]
+        cand = _scores(v=Score(value=80.0, n=1, seconds=0.0))
+        row = gate.judge(compare(suite, base, cand)[0])
+        assert (row.recovery, row.verdict) == (0.8, "fail")
+        assert kinds.vllm_problem(suite) == ("metric v (kind vocab_size) is scored by the hf "
+                                             "engine only: a fake; use --engine hf or a suite "
+                                             "without it")
+    finally:
+        monkeypatch.undo()
+        rebuild_suite()
     with pytest.raises(ValidationError, match="Input should be"):
-        EvalSuite(name="s", metrics=[{"name": "v", "kind": "vocab_size",
-                                      "direction": "higher_is_better", "threshold": 0.9}])
+        EvalSuite(name="s", metrics=[fake])
+
+
+def test_suites_of_the_flat_model_keep_their_eval_keys() -> None:
+    """A suite without the later kinds hashes as when every metric was one flat model
+    (measured on the code before the kinds were split), so earlier runs are not re-scored."""
+    from quantize.spec.recipe import canonical_hash, load_suite
+    from quantize.stages.eval import measured_settings
+
+    assert canonical_hash(measured_settings(load_suite("smoke"))) == (
+        "af989203e5c2e43ccbafe7527eb7926e0d4a50f3af1ea9a69d3e1b515993bab9")
 
 
 def test_the_vllm_engine_is_refused_before_any_model_loads(tmp_path: Path) -> None:

@@ -48,12 +48,12 @@ def test_packed_multiple_choice_scores_like_lm_eval_hflm(tiny_model: Path, tmp_p
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from quantize.metrics import hf_lm, multiple_choice
-    from quantize.spec.recipe import MetricSpec
+    from quantize.spec.recipe import parse_metric
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    spec = MetricSpec(name="gk", kind="multiple_choice", direction="higher_is_better",
-                      task="bigbench:general_knowledge", limit=12, threshold=0.5)
+    spec = parse_metric(dict(name="gk", kind="multiple_choice", direction="higher_is_better",
+                             task="bigbench:general_knowledge", limit=12, threshold=0.5))
     packed = multiple_choice(model, tok, spec, 4, tmp_path / "packed")
     plain = multiple_choice(model, tok, spec, 4, tmp_path / "plain",
                             lm=HFLM(pretrained=model, tokenizer=tok, batch_size=4))

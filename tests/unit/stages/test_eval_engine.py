@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from quantize.errors import EvalError
-from quantize.spec.recipe import EvalSuite, MetricSpec
+from quantize.spec.recipe import EvalSuite, parse_metric
 from quantize.stages.eval import engine as E
 from quantize.vllm.host import Host
 
@@ -147,12 +147,13 @@ def _hf_scorer(model: Any) -> Any:
     return score
 
 
-PPL = MetricSpec(name="ppl", kind="perplexity", direction="lower_is_better",
-                 builtin="wiki-eval", max_tokens=600, seq_len=128, threshold=0.5)
-LONG = MetricSpec(name="long", kind="long_perplexity", direction="lower_is_better",
-                  builtin="novel", max_tokens=1100, seq_len=512, score_from=384, threshold=0.5)
-GK = MetricSpec(name="gk", kind="multiple_choice", direction="higher_is_better",
-                task="bigbench:general_knowledge", limit=6, threshold=0.5)
+PPL = parse_metric(dict(name="ppl", kind="perplexity", direction="lower_is_better",
+                        builtin="wiki-eval", max_tokens=600, seq_len=128, threshold=0.5))
+LONG = parse_metric(dict(name="long", kind="long_perplexity", direction="lower_is_better",
+                         builtin="novel", max_tokens=1100, seq_len=512, score_from=384,
+                         threshold=0.5))
+GK = parse_metric(dict(name="gk", kind="multiple_choice", direction="higher_is_better",
+                       task="bigbench:general_knowledge", limit=6, threshold=0.5))
 
 
 def _vllm_and_hf(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -222,13 +223,16 @@ def test_long_perplexity_fields_are_checked() -> None:
 
     base = {"name": "l", "kind": "long_perplexity", "direction": "lower_is_better",
             "builtin": "novel", "seq_len": 2048, "threshold": 0.9}
-    assert MetricSpec(**base).score_from is None  # seq_len // 2 when scored
-    with pytest.raises(ValidationError, match="stride applies to kind perplexity only"):
-        MetricSpec(**base, stride=1024)
+    assert parse_metric(base).score_from is None  # seq_len // 2 when scored
+    with pytest.raises(ValidationError) as err:  # windows are disjoint: no stride
+        parse_metric({**base, "stride": 1024})
+    assert err.value.errors()[0]["loc"] == ("long_perplexity", "stride")
+    assert err.value.errors()[0]["type"] == "extra_forbidden"
     with pytest.raises(ValidationError, match="must be below seq_len"):
-        MetricSpec(**base, score_from=2048)
-    with pytest.raises(ValidationError, match="long_perplexity only"):
-        MetricSpec(**{**base, "kind": "perplexity"}, score_from=10)
+        parse_metric({**base, "score_from": 2048})
+    with pytest.raises(ValidationError) as err:  # score_from is long_perplexity's own
+        parse_metric({**base, "kind": "perplexity", "score_from": 10})
+    assert err.value.errors()[0]["loc"] == ("perplexity", "score_from")
 
 
 def test_fp8_kv_recipe_gates_on_long_context_in_vllm_by_default() -> None:
