@@ -40,7 +40,7 @@ def recipe_of(row: dict[str, Any]) -> str | None:
     return RECIPES[name]
 
 
-def predict(row: dict[str, Any], profile: str) -> dict[str, Any]:
+def predict(row: dict[str, Any], profile: str, gpu: str = "h200") -> dict[str, Any]:
     from quantize.planner.gpus import find as find_gpu
     from quantize.planner.memory import predict as plan
     from quantize.spec.recipe import load_recipe
@@ -50,7 +50,7 @@ def predict(row: dict[str, Any], profile: str) -> dict[str, Any]:
     recipe_name = recipe_of(row)
     recipe = load_recipe(recipe_name) if recipe_name else None
     kv_fp8 = eng["kv_cache_dtype"].startswith("fp8")
-    m = plan(MODELS[arch], find_gpu("h200"), util=eng["gpu_memory_utilization"],
+    m = plan(MODELS[arch], find_gpu(gpu), util=eng["gpu_memory_utilization"],
              context=eng["max_model_len"], batched=eng["max_num_batched_tokens"],
              seqs=eng["max_num_seqs"], kv_fp8=kv_fp8, recipe=recipe, profile=profile,
              cpu_offload_gib=float(eng.get("cpu_offload_gb") or 0),
@@ -61,7 +61,8 @@ def predict(row: dict[str, Any], profile: str) -> dict[str, Any]:
             "recipe": recipe_name or "none (bf16)"}
 
 
-def compare(rows: dict[str, dict[str, Any]], profile: str) -> list[dict[str, Any]]:
+def compare(rows: dict[str, dict[str, Any]], profile: str, gpu: str = "h200"
+            ) -> list[dict[str, Any]]:
     out = []
     for label, row in sorted(rows.items()):
         if row.get("row") != "serve" or not row.get("started") or not row.get("engine"):
@@ -69,7 +70,7 @@ def compare(rows: dict[str, dict[str, Any]], profile: str) -> list[dict[str, Any
         mem = row["engine"].get("memory") or {}
         seen_kv = row.get("kv_tokens_logged") or row["engine"]["kv_tokens"]
         seen_conc = row.get("max_concurrency_logged") or row["engine"]["max_concurrency"]
-        p = predict(row, profile)
+        p = predict(row, profile, gpu)
         out.append({
             "label": label, "recipe": p["recipe"], "args": row["args"],
             "vllm_kv_tokens": seen_kv, "plan_kv_tokens": p["kv_tokens"],
@@ -101,10 +102,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("rows", type=Path)
     ap.add_argument("--profile", default="0.26")
+    ap.add_argument("--gpu", default="h200", help="the GPU the rows ran on (planner name)")
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
-    cmp = compare(json.loads(a.rows.read_text()), a.profile)
+    cmp = compare(json.loads(a.rows.read_text()), a.profile, a.gpu)
     if a.json_out:
         a.json_out.write_text(json.dumps(cmp, indent=1) + "\n")
     print(markdown(cmp) if a.markdown else json.dumps(cmp, indent=1))

@@ -75,6 +75,23 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _fetch_exact(name: str, cache: Path) -> None:
+    """One wheel file by its exact name, from PyPI's simple index (PEP 503; the sha256 is
+    checked after)."""
+    import re
+    import urllib.request
+
+    dist = re.sub(r"[-_.]+", "-", name.split("-")[0]).lower()
+    with urllib.request.urlopen(f"https://pypi.org/simple/{dist}/", timeout=60) as r:
+        page = r.read().decode()
+    url = next((u for u in re.findall(r'href="([^"#]+)', page)
+                if u.rsplit("/", 1)[-1] == name), None)
+    if url is None:
+        raise SystemExit(f"{name}: not in PyPI's index of {dist}")
+    with urllib.request.urlopen(url, timeout=300) as r, (cache / name).open("wb") as f:
+        shutil.copyfileobj(r, f, 1 << 22)
+
+
 def prepare(out: Path, wheels_txt: Path, cache: Path, with_optional: bool) -> Path:
     rows = [r for r in read_list(wheels_txt)
             if with_optional or not r[2].startswith(OPTIONAL)]
@@ -91,6 +108,9 @@ def prepare(out: Path, wheels_txt: Path, cache: Path, with_optional: bool) -> Pa
         for p in PLATFORMS:
             cmd += ["--platform", p]
         subprocess.run(cmd + specs, check=True)
+    for name in missing:  # pip may pick another build of the same version: fetch the listed
+        if not (cache / name).is_file():
+            _fetch_exact(name, cache)
     for digest, _size, name in rows:
         got = sha256(cache / name)
         if got != digest:

@@ -53,7 +53,6 @@ DEFAULT_DIR = QCACHE / "models" / "SmolLM2-135M-Instruct-bf16"
 FAST = Path("/dev/shm") if shutil.disk_usage("/dev/shm").free > 36 * 2**30 else WORK / "src"
 M8B, MOE = FAST / "llama31-8b", FAST / "qwen3-30b-a3b-12l"
 CALIB = "bench/calib-cpu-8x512.yaml"  # random weights: the format, not the fit, is measured
-SLOTS = 4
 # vLLM settings for every job (../shared/vllm-gpu/README.md): FP8-block without DeepGEMM's
 # run-time compilation
 VLLM_ENV = {"VLLM_USE_DEEP_GEMM": "0", "VLLM_MOE_USE_DEEP_GEMM": "0"}
@@ -70,11 +69,29 @@ R8B = ["gptq-int4-asym", "bench/variants/gptq-int4-asym-g128.yaml", "gptq-int4",
        "bench/variants/gptq-int4-g128.yaml", "fp8-dynamic", "fp8-kv", "w8a8-int8",
        "w8a16-int8", "fp8-block", "nvfp4a16", "mxfp4a16", "nvfp4", "mxfp4", "awq-int4",
        "rtn-int2"]
-# cards emulated on the H200 by their share of it: (gpu_memory_utilization, the scheduler
+
+
+def _gpu() -> tuple[str, float]:
+    """The lent GPU's name in the planner's table (h200, h100) and its memory in GiB, from
+    nvidia-smi (here, without a GPU: the H200 the queue was first written for)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
+                              "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=30, check=True).stdout.splitlines()[0]
+        name, mib = (x.strip() for x in out.split(","))
+        return ("h200" if "H200" in name else "h100" if "H100" in name else name.lower(),
+                float(mib) / 1024)
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return "h200", 139.80
+
+
+GPU_NAME, GPU_GIB = _gpu()
+# cards emulated on the lent GPU by their share of it: (gpu_memory_utilization, the scheduler
 # limits vLLM picks on a card of that size: EngineArgs.get_batch_defaults)
-H200_GIB = 139.80
-CARD = {"80gb": (round(0.9 * 79.25 / H200_GIB, 4), 8192, 1024),
-        "24gb": (round(0.9 * 23.53 / H200_GIB, 4), 2048, 256)}
+CARD = {"80gb": (round(0.9 * 79.25 / GPU_GIB, 4), 8192, 1024),
+        "24gb": (round(0.9 * 23.53 / GPU_GIB, 4), 2048, 256)}
+# 8B exports side by side: four fit the H200 (141 GB), two an 80 GB card
+SLOTS = 4 if GPU_GIB > 100 else 2
 
 
 def short(recipe: str) -> str:
@@ -104,7 +121,7 @@ def jobs() -> list[Job]:
     def export(name: str, recipe: str, model: str, dst: Path, needs: list[str],
                timeout: float = 400) -> Job:
         return Job(name, [sys.executable, "-m", "quantize.cli", "export", recipe, "-m", model,
-                          "-o", str(dst), "--device", "cuda", "--gpu", "h200",
+                          "-o", str(dst), "--device", "cuda", "--gpu", GPU_NAME,
                           *([] if model == "default" else ["-d", CALIB])],
                    needs=needs, timeout=timeout)
 
@@ -137,14 +154,19 @@ def jobs() -> list[Job]:
         slow.append(rows("check", f"check-default-{r}", d / "export",
                          [f"export-default-{r}", "vllm"]))
     # 2. the 8B architecture: exports; a format without a serving row is loaded once (shared)
-    served = {"gptq-int4-asym", "gptq-int4-asym-g128", "gptq-int4-g128", "fp8-dynamic",
-              "fp8-kv"}  # kept on disk for their serving rows (the disk holds ~60 GiB)
+    # kept for their serving rows: in RAM when it has room (the disk filled up with them
+    # there: 64 GiB), the last two on the disk (RAM holds the 8B source too)
+    in_ram = {"gptq-int4-asym", "gptq-int4-asym-g128", "gptq-int4-g128", "fp8-dynamic",
+              "fp8-kv"}
+    served = in_ram | {"w8a8-int8", "nvfp4a16"}
+
+    def ex(s: str) -> Path:
+        return (FAST / "x" if s in in_ram and FAST != WORK / "src" else x) / f"8b-{s}"
+
     first8, rest8 = [], []
     for r in R8B:
         s = short(r)
-        # the exports kept for serving rows in RAM when it has room (the disk filled up with
-        # them there: 64 GiB)
-        d = (FAST / "x" if s in served and FAST != WORK / "src" else x) / f"8b-{s}"
+        d = ex(s)
         (first8 if s in ("gptq-int4-asym", "fp8-dynamic") else rest8).append(
             export(f"export-8b-{s}", r, str(M8B), d, ["build-8b"]))
         if s not in served:
@@ -161,27 +183,27 @@ def jobs() -> list[Job]:
                     extra=["--args", json.dumps(args), *(extra or [])], timeout=timeout)
 
     big = {"gpu_memory_utilization": 0.9, "max_model_len": 8192}
-    def ex(s: str) -> Path:
-        return (FAST / "x" if FAST != WORK / "src" else x) / f"8b-{s}" / "export"
 
     serving = [
         serve("serve-8b-bf16", M8B, ["build-8b", "vllm"], big),
-        serve("serve-8b-gptq-int4-asym", ex("gptq-int4-asym"),
+        serve("serve-8b-gptq-int4-asym", ex("gptq-int4-asym") / "export",
               ["export-8b-gptq-int4-asym", "vllm"], big),
-        serve("serve-8b-gptq-int4-asym-marlin", ex("gptq-int4-asym"),
+        serve("serve-8b-gptq-int4-asym-marlin", ex("gptq-int4-asym") / "export",
               ["export-8b-gptq-int4-asym", "vllm"], {**big, "linear_backend": "marlin"}),
-        serve("serve-8b-fp8-dynamic", ex("fp8-dynamic"), ["export-8b-fp8-dynamic", "vllm"], big),
-        serve("serve-8b-gptq-int4-asym-g128", ex("gptq-int4-asym-g128"),
+        serve("serve-8b-fp8-dynamic", ex("fp8-dynamic") / "export",
+              ["export-8b-fp8-dynamic", "vllm"], big),
+        serve("serve-8b-gptq-int4-asym-g128", ex("gptq-int4-asym-g128") / "export",
               ["export-8b-gptq-int4-asym-g128", "vllm"], big),
         serve("serve-8b-w4afp8", x / "8b-w4afp8" / "export", ["export-8b-w4afp8", "vllm"], big),
-        serve("serve-8b-gptq-int4-g128", ex("gptq-int4-g128"),
+        serve("serve-8b-gptq-int4-g128", ex("gptq-int4-g128") / "export",
               ["export-8b-gptq-int4-g128", "vllm"], big),
-        serve("serve-8b-gptq-int4-g128-marlin", ex("gptq-int4-g128"),
+        serve("serve-8b-gptq-int4-g128-marlin", ex("gptq-int4-g128") / "export",
               ["export-8b-gptq-int4-g128", "vllm"], {**big, "linear_backend": "marlin"}),
-        serve("serve-8b-fp8-kv", ex("fp8-kv"), ["export-8b-fp8-kv", "vllm"],
+        serve("serve-8b-fp8-kv", ex("fp8-kv") / "export", ["export-8b-fp8-kv", "vllm"],
               {**big, "kv_cache_dtype": "fp8"}),
-        serve("serve-8b-w8a8-int8", ex("w8a8-int8"), ["export-8b-w8a8-int8", "vllm"], big),
-        serve("serve-8b-nvfp4a16", ex("nvfp4a16"), ["export-8b-nvfp4a16", "vllm"], big),
+        serve("serve-8b-w8a8-int8", ex("w8a8-int8") / "export",
+              ["export-8b-w8a8-int8", "vllm"], big),
+        serve("serve-8b-nvfp4a16", ex("nvfp4a16") / "export", ["export-8b-nvfp4a16", "vllm"], big),
     ]
     u24, t24, s24 = CARD["24gb"]
     u80, t80, s80 = CARD["80gb"]
@@ -190,7 +212,7 @@ def jobs() -> list[Job]:
     one = json.dumps([{"requests": 1, "prompt_tokens": 128, "output_tokens": 32,
                        "vocab": 49000}])
     planner = [
-        serve("plan-8b-int4-24gb-32k-eager", ex("gptq-int4-asym"),
+        serve("plan-8b-int4-24gb-32k-eager", ex("gptq-int4-asym") / "export",
               ["export-8b-gptq-int4-asym", "vllm"],
               {**small, "max_model_len": 32768, "enforce_eager": True}, ["--runs", "[]"]),
         Job("plan-boundary", [*py, "bench.vllm_gpu", "boundary"], alone=True,
@@ -199,11 +221,11 @@ def jobs() -> list[Job]:
               {**small, "max_model_len": 8192}, ["--runs", one]),
         serve("plan-8b-bf16-24gb-offload8", M8B, ["build-8b", "vllm"],
               {**small, "max_model_len": 8192, "cpu_offload_gb": 8}, ["--runs", one]),
-        serve("plan-8b-fp8-80gb-32k-mnbt512", ex("fp8-dynamic"),
+        serve("plan-8b-fp8-80gb-32k-mnbt512", ex("fp8-dynamic") / "export",
               ["export-8b-fp8-dynamic", "vllm"],
               {"gpu_memory_utilization": u80, "max_num_batched_tokens": 512,
                "max_num_seqs": s80, "max_model_len": 32768}, ["--runs", "[]"]),
-        serve("plan-8b-fp8kv-80gb-8k-eager", ex("fp8-kv"), ["export-8b-fp8-kv", "vllm"],
+        serve("plan-8b-fp8kv-80gb-8k-eager", ex("fp8-kv") / "export", ["export-8b-fp8-kv", "vllm"],
               {"gpu_memory_utilization": u80, "max_num_batched_tokens": t80,
                "max_num_seqs": s80, "max_model_len": 8192, "kv_cache_dtype": "fp8",
                "enforce_eager": True}, ["--runs", "[]"]),
@@ -248,12 +270,34 @@ def vllm_ready() -> bool:
     return (ROOT / ".venv-vllm" / ".installed").is_file()
 
 
+def select(queue: list[Job], only: str) -> list[Job]:
+    """The jobs whose names match one of `only`'s comma-separated patterns (fnmatch), with
+    every job they need, in the queue's order; all of them when `only` is empty."""
+    import fnmatch
+
+    if not only.strip():
+        return queue
+    by_name = {j.name: j for j in queue}
+    keep: set[str] = set()
+    stack = [j.name for j in queue
+             if any(fnmatch.fnmatch(j.name, p.strip()) for p in only.split(",") if p.strip())]
+    while stack:
+        name = stack.pop()
+        if name in keep or name not in by_name:
+            continue
+        keep.add(name)
+        stack += [n for n in by_name[name].needs if n != "vllm"]
+    return [j for j in queue if j.name in keep]
+
+
 def run_queue(deadline_s: float, queue: list[Job] | None = None) -> None:
     (WORK / "state").mkdir(parents=True, exist_ok=True)
     (WORK / "rows").mkdir(parents=True, exist_ok=True)
     (WORK / "logs").mkdir(parents=True, exist_ok=True)
     end = time.monotonic() + deadline_s
-    todo = [j for j in (queue if queue is not None else jobs()) if state(j.name) is None]
+    if queue is None:  # GPU_VLLM_ONLY: a session that runs only some rows
+        queue = select(jobs(), os.environ.get("GPU_VLLM_ONLY", ""))
+    todo = [j for j in queue if state(j.name) is None]
     running: dict[str, tuple[Job, subprocess.Popen[bytes], float]] = {}
     log(f"queue: {len(todo)} jobs")
     while (todo or running) and time.monotonic() < end:
@@ -535,7 +579,7 @@ def main() -> None:
     elif a.cmd == "w4afp8":
         w4afp8(a.model, a.out)
     else:
-        for j in jobs():
+        for j in select(jobs(), os.environ.get("GPU_VLLM_ONLY", "")):
             print(f"{j.name:40s} {'alone' if j.alone else 'shared':6s} needs={j.needs}")
 
 
