@@ -123,11 +123,11 @@ class Paths:
         self.model, self.tok, self.text, self.a = model, tok, text, a
         self.lm = HFLM(pretrained=model, tokenizer=tok, batch_size=a.batch,
                        max_length=a.seq_len, device=a.device)
-        from quantize.spec.recipe import MetricSpec
+        from quantize.spec.recipe import parse_metric
 
-        self.spec = MetricSpec(name="ppl", kind="perplexity", direction="lower_is_better",
-                               threshold=0.5, path=str(text_path), max_tokens=a.tokens,
-                               seq_len=a.seq_len)
+        self.spec = parse_metric(dict(name="ppl", kind="perplexity", direction="lower_is_better",
+                                      threshold=0.5, path=str(text_path), max_tokens=a.tokens,
+                                      seq_len=a.seq_len))
         _, wins = lmeval_windows(self.lm, text)  # lm-eval's scored tokens and windows
         self.lm_counts = (sum(s for _, _, s in wins), len(wins))
 
