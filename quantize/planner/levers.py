@@ -8,7 +8,8 @@ its effect is the model's, not a rule of thumb:
 
 - `--kv-cache-dtype fp8`: one byte per KV value instead of two;
 - `--cpu-offload-gb N`: N GiB of weights kept in host memory (vLLM reads them over PCIe on
-  every forward pass: the decode cost was not measured here);
+  every forward pass), offered only for profiles where it works: in vLLM 0.26 it was measured
+  to change nothing (memory.PROFILES);
 - `--max-num-batched-tokens`: the chunked-prefill budget sets the profile run's activation
   peak (memory.activation_peak);
 - `--enforce-eager`: CUDA graphs are not captured; they live outside vLLM's budget
@@ -80,7 +81,8 @@ class LeverInputs:
         return vllm_memory(self.shape, self.weights, self.gpu, self.tp,
                            self.util if util is None else util, self.context,
                            batched or self.batched, self.seqs, kv_bytes or self.kv_bytes,
-                           self.profile, self.offload_gib if offload_gib is None else offload_gib)
+                           self.profile, self.offload_gib if offload_gib is None else offload_gib,
+                           self.eager)
 
 
 def levers(row: Row, inp: LeverInputs, concurrency: int) -> list[Lever]:
@@ -95,7 +97,7 @@ def levers(row: Row, inp: LeverInputs, concurrency: int) -> list[Lever]:
                          f"(from {base.kv_tokens:,})", m.max_sequences))
     need = concurrency * base.request_bytes
     have = base.kv_tokens * base.kv_bytes_per_token
-    if need > have and base.weights > GIB:
+    if need > have and base.weights > GIB and inp.profile.cpu_offload_effective:
         # the shortfall, at most all weights but 1 GiB, in tenths of a GiB
         gib = min(math.ceil((need - have) / GIB * 10 + 1), math.floor(
             (base.weights - GIB) / GIB * 10)) / 10

@@ -48,6 +48,11 @@ class VllmProfile:
     # for 0.26; the older profiles were fitted to logs with it inside their constants
     resident_misc_gib: float = 0.0
     resident_tables: bool = False
+    # with CUDA graphs on, the profile run's peak also held fp32 logits for this many tokens
+    # (at most max_num_batched_tokens) and two [tokens, hidden] buffers; 0: not seen
+    graph_logit_tokens: int = 0
+    # whether --cpu-offload-gb moved weights off the GPU in this version's engine
+    cpu_offload_effective: bool = True
 
 
 PROFILES: dict[str, VllmProfile] = {
@@ -59,9 +64,18 @@ PROFILES: dict[str, VllmProfile] = {
     # 0.225 GiB on one GPU. The V2 model runner captures CUDA graphs after sizing the cache
     # (v1/worker/gpu/model_runner.py profile_cudagraph_memory returns 0), so graphs stay
     # outside the budget as in 0.19. Tensor parallelism was not measured: 0.19's value.
+    # Measured again on 2026-12-05 (bench/results/2026-12-05-plan-vs-vllm.json): with CUDA
+    # graphs on, a 24 GB card's settings (2,048 batched tokens, 256 sequences) peaked at
+    # 1.01 GiB where --enforce-eager peaked at 0.21: exactly 2,048 tokens' fp32 logits over
+    # the 128,256-token vocabulary plus two [2,048, 4,096] bf16 buffers (within 44 KiB); at
+    # 16,384 batched tokens the forward (1.78 GiB) stayed the peak, so the term is capped at
+    # the 2,048 tokens measured. And --cpu-offload-gb 8 changed nothing in 0.26's V2 runner:
+    # weights 15.0 GiB on the GPU, the same KV tokens, the same decode speed (194 against 196
+    # tokens/s): the plan counts no offload for this profile.
     "0.26": VllmProfile("0.26", 6.9, 3.82, 0.225, 2.1,
                         "measured: vLLM 0.26.0 on an H200 (bench/results/"
-                        "2026-12-04-plan-vs-vllm.json)", 0.05, True),
+                        "2026-12-04-plan-vs-vllm.json, 2026-12-05-plan-vs-vllm.json)", 0.05,
+                        True, graph_logit_tokens=2048, cpu_offload_effective=False),
     "0.19": VllmProfile("0.19", 15.4, 4.25, 0.25, 2.1,
                         "llm-d-incubation/llm-d-planner accuracy/results/v0.19.0/logs (H100)"),
     "0.11": VllmProfile("0.11", 38.5, 4.25, 0.13, 0.55,
@@ -122,8 +136,9 @@ class Memory:
 
 
 def activation_peak(shape: Shape, tp: int, batched: int, seqs: int,
-                    profile: VllmProfile) -> tuple[int, int]:
-    """The profile run's torch peak: (forward at max_num_batched_tokens, dummy sampler)."""
+                    profile: VllmProfile, eager: bool = False) -> tuple[int, int]:
+    """The profile run's torch peak: (forward at max_num_batched_tokens, dummy sampler);
+    with CUDA graphs on (not `eager`), the forward is at least the profile's logits term."""
     b = shape.dtype_bytes
     mlp = 3 * math.ceil(shape.intermediate / tp) if shape.intermediate else 0
     if shape.experts:
@@ -132,22 +147,26 @@ def activation_peak(shape: Shape, tp: int, batched: int, seqs: int,
         mlp = max(moe, mlp if shape.dense_mlp_layers else 0)
     attn = (2 * shape.heads + 2 * shape.kv_heads) * shape.head_dim // tp
     forward = int(batched * b * (max(mlp, attn) + profile.hidden_factor * shape.hidden))
+    if not eager and profile.graph_logit_tokens:
+        t = min(batched, profile.graph_logit_tokens)
+        forward = max(forward, t * (shape.vocab * 4 + 2 * shape.hidden * b))
     sampler = int(min(seqs, batched) * shape.vocab * profile.sampler_bytes_per_logit)
     return forward, sampler
 
 
 def vllm_memory(shape: Shape, weights_rank: int, gpu: Gpu, tp: int, util: float, context: int,
                 batched: int, seqs: int, kv_bytes: int, profile: VllmProfile,
-                cpu_offload_gib: float = 0.0) -> Memory:
+                cpu_offload_gib: float = 0.0, eager: bool = False) -> Memory:
     """`cpu_offload_gib`: vLLM's --cpu-offload-gb. It moves whole parameters to host memory
     until at least that many GiB are there (model_executor/offloader/uva.py), so the GPU holds
     at most weights - that: counted at exactly that, a plan never counts KV it lacks."""
     total = gpu.memory_bytes
     requested = int(total * util)
-    forward, sampler = activation_peak(shape, tp, batched, seqs, profile)
+    forward, sampler = activation_peak(shape, tp, batched, seqs, profile, eager)
     activation = max(forward, sampler)
     nontorch = int((profile.nontorch_gib_tp if tp > 1 else profile.nontorch_gib_single) * GIB)
-    offloaded = min(weights_rank, int(cpu_offload_gib * GIB))
+    offloaded = min(weights_rank, int(cpu_offload_gib * GIB)) \
+        if profile.cpu_offload_effective else 0
     weights_rank -= offloaded
     available = requested - weights_rank - activation - nontorch
     per_token = kv_bytes_per_token(shape, tp, kv_bytes)
@@ -164,8 +183,8 @@ def predict(model: str, gpu: Gpu, *, tp: int = 1, util: float = 0.9, context: in
             cpu_offload_gib: float = 0.0, eager: bool = False) -> Memory:
     """One vLLM start-up predicted: the numbers behind `GPU KV cache size: N tokens`.
     batched/seqs default to `vllm serve`'s defaults for the GPU. `eager` (--enforce-eager)
-    leaves the budget as it is: CUDA graphs live outside it (CUDAGRAPH_GIB)."""
-    del eager  # the same budget; named so that callers say what they plan
+    leaves the graphs' pool outside the budget as before (CUDAGRAPH_GIB) and, where the
+    profile says so, a smaller profile peak (VllmProfile.graph_logit_tokens)."""
     from quantize.checks.preflight import resolve_group_size, targeted_layers
 
     source = load_source(model)
@@ -182,4 +201,4 @@ def predict(model: str, gpu: Gpu, *, tp: int = 1, util: float = 0.9, context: in
     weights = est.per_rank(tp) + resident_extra(shape, est, gpu, tp, PROFILES[profile])
     return vllm_memory(shape, weights, gpu, tp, util, context, batched or t_default,
                        seqs or s_default, 1 if kv_fp8 else shape.dtype_bytes, PROFILES[profile],
-                       cpu_offload_gib)
+                       cpu_offload_gib, eager)

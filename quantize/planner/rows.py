@@ -92,7 +92,8 @@ class RowBuilder:
             if est is not None:
                 mem = vllm_memory(self.shape, self._resident(est, self.req.gpus), self.req.gpu,
                                   self.req.gpus, self.req.util, self.req.context, self.batched,
-                                  self.req.seqs, 1, self.profile, self.req.cpu_offload_gib)
+                                  self.req.seqs, 1, self.profile, self.req.cpu_offload_gib,
+                                  self.req.enforce_eager)
                 out.append(f"--kv-cache-dtype fp8 halves the KV bytes: {rec.recipe} would hold "
                            f"{mem.max_sequences} sequences at TP={self.req.gpus}")
         full = [r for r in rows if r.min_tp and recommendable(r)]
@@ -200,7 +201,8 @@ class RowBuilder:
         if problem:
             return None, "no-fit", f"TP={tp} impossible: {problem}"
         mem = vllm_memory(self.shape, self._resident(est, tp), req.gpu, tp, req.util, req.context,
-                          self.batched, req.seqs, kv_bytes, self.profile, req.cpu_offload_gib)
+                          self.batched, req.seqs, kv_bytes, self.profile, req.cpu_offload_gib,
+                          req.enforce_eager)
         if mem.weights >= mem.requested:
             return mem, "no-fit", (f"weights need {mem.weights / GIB:.1f} GiB per GPU, the "
                                    f"budget is {mem.requested / GIB:.1f} GiB")

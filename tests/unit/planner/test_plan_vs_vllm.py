@@ -32,6 +32,11 @@ H200_ROWS = [
      (0.1515, 32768, 2048, 256, True), 123_232, 3.76),
     ("the same at max_model_len 121,984 (starts)", "gptq-int4-asym",
      (0.1515, 121984, 2048, 256, True), 123_232, 1.01),
+    # 2026-12-05 (bench/results/2026-12-05-plan-vs-vllm.json): CUDA graphs on at a 24 GB
+    # card's settings raise the profile peak (1.01 GiB against 0.21 eager); fp8 KV cache
+    ("bf16, a 24 GB card's share, 8k, CUDA graphs", None, (0.1508, 8192, 2048, 256, False),
+     39_664, 4.84),
+    ("fp8-kv, 0.9, 8k", "fp8-kv", (0.9, 8192, 16384, 1024, False), 1_889_024, 230.59),
 ]
 
 
@@ -39,11 +44,22 @@ H200_ROWS = [
 def test_plan_matches_vllm_026_on_h200(row: tuple) -> None:  # type: ignore[type-arg]
     _, recipe, (util, mml, batched, seqs, eager), tokens, concurrency = row
     mem = P.predict(L8, find("h200"), util=util, context=mml, batched=batched, seqs=seqs,
-                    recipe=load_recipe(recipe) if recipe else None, profile="0.26", eager=eager)
+                    recipe=load_recipe(recipe) if recipe else None, profile="0.26", eager=eager,
+                    kv_fp8=recipe == "fp8-kv")  # served with --kv-cache-dtype fp8
     err = mem.kv_tokens / tokens - 1
     assert -0.01 <= err <= 0.003, f"KV tokens {mem.kv_tokens:,} vs vLLM {tokens:,}"
     cerr = mem.max_concurrency / concurrency - 1
     assert -0.01 <= cerr <= 0.003 + 0.005 / concurrency  # vLLM logs two decimals
+
+
+def test_cpu_offload_moved_nothing_in_vllm_026() -> None:
+    """--cpu-offload-gb 8 on the 24 GB-card bf16 row: vLLM 0.26 still loaded 15.0 GiB of
+    weights, logged the same 39,664 KV tokens and decoded at 194 against 196 tokens/s; the
+    plan counts the same."""
+    base = P.predict(L8, find("h200"), util=0.1508, context=8192, batched=2048, seqs=256)
+    off = P.predict(L8, find("h200"), util=0.1508, context=8192, batched=2048, seqs=256,
+                    cpu_offload_gib=8.0)
+    assert off.kv_tokens == base.kv_tokens and off.offloaded == 0
 
 
 def test_the_boundary_vllm_drew_is_where_the_plan_draws_it() -> None:
@@ -51,9 +67,9 @@ def test_the_boundary_vllm_drew_is_where_the_plan_draws_it() -> None:
     request with the model's max seq len (124464), (15.19 GiB KV cache is needed, which is
     larger than the available KV cache memory (15.04 GiB)"): the plan says the same."""
     fits = P.predict(L8, find("h200"), util=0.1515, context=121_984, batched=2048, seqs=256,
-                     recipe=load_recipe("gptq-int4-asym"))
+                     recipe=load_recipe("gptq-int4-asym"), eager=True)
     refused = P.predict(L8, find("h200"), util=0.1515, context=124_464, batched=2048, seqs=256,
-                        recipe=load_recipe("gptq-int4-asym"))
+                        recipe=load_recipe("gptq-int4-asym"), eager=True)
     assert fits.max_concurrency >= 1 > refused.max_concurrency
     assert boundary(fits, 1).startswith("fits with")
     assert boundary(refused, 1).startswith("short by")
@@ -71,16 +87,21 @@ def test_levers_move_the_plan_as_their_flags_move_vllm() -> None:
     row = next(r for r in plan.rows if r.recipe == "gptq-int4-asym")
     assert row.status == "partial" and plan.lever_row is row and row.memory is not None
     by_flag = {lv.flag.split()[0]: lv for lv in plan.levers}
-    assert set(by_flag) == {"--kv-cache-dtype", "--cpu-offload-gb", "--enforce-eager"}
+    # vLLM 0.26 measured no effect of --cpu-offload-gb (memory.PROFILES): not offered there
+    assert set(by_flag) == {"--kv-cache-dtype", "--enforce-eager"}
     fp8 = P.predict(L8, find("rtx4090"), context=32768, seqs=8, kv_fp8=True,
                     recipe=load_recipe("gptq-int4-asym"))
     assert by_flag["--kv-cache-dtype"].sequences == fp8.max_sequences > row.memory.max_sequences
-    # offloading N GiB of weights gives the KV cache N GiB
     offload = _plan(cpu_offload_gib=2.0).rows[1].memory
-    assert offload is not None and offload.offloaded == 2 * (1 << 30)
-    assert offload.available - row.memory.available == 2 * (1 << 30)
-    served = offload.kv_tokens * offload.kv_bytes_per_token
-    assert served > row.memory.kv_tokens * row.memory.kv_bytes_per_token
+    assert offload is not None and offload.offloaded == 0
+    assert offload.available == row.memory.available
+    # where the engine offloads (the 0.19 profile), N GiB of weights give the KV cache N GiB
+    old = _plan(profile="0.19")
+    old_row = next(r for r in old.rows if r.recipe == "gptq-int4-asym").memory
+    moved = _plan(profile="0.19", cpu_offload_gib=2.0).rows[1].memory
+    assert old_row is not None and moved is not None and moved.offloaded == 2 * (1 << 30)
+    assert moved.available - old_row.available == 2 * (1 << 30)
+    assert any(lv.flag.startswith("--cpu-offload-gb") for lv in old.levers)
     # a smaller prefill budget lowers the activation peak (the 4090's default is 2048 already)
     big = _plan(max_num_batched_tokens=16384)
     assert any(lv.flag.startswith("--max-num-batched-tokens 2048") for lv in big.levers)
@@ -92,7 +113,9 @@ def test_the_serve_line_carries_the_levers_the_plan_assumed() -> None:
     assert "--cpu-offload-gb 3" in serve and "--enforce-eager" in serve
     assert "--max-num-seqs 12" in serve
     assert not any(lv.flag.startswith("--enforce-eager") for lv in plan.levers)
-    assert plan.to_dict()["boundary"].startswith("fits with")
+    # the flag is passed on as asked; 0.26 frees nothing by it, so the boundary is the same
+    same = _plan(enforce_eager=True, max_num_seqs=12, concurrency=4)
+    assert plan.to_dict()["boundary"] == same.to_dict()["boundary"]
 
 
 def test_measured_speeds_reach_the_plan_on_the_gpu_they_were_measured_on() -> None:
