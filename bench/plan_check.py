@@ -70,7 +70,10 @@ def compare(rows: dict[str, dict[str, Any]], profile: str, gpu: str = "h200"
         mem = row["engine"].get("memory") or {}
         seen_kv = row.get("kv_tokens_logged") or row["engine"]["kv_tokens"]
         seen_conc = row.get("max_concurrency_logged") or row["engine"]["max_concurrency"]
-        p = predict(row, profile, gpu)
+        try:
+            p = predict(row, profile, gpu)
+        except KeyError:  # an export no recipe makes (w4afp8): nothing to plan
+            continue
         out.append({
             "label": label, "recipe": p["recipe"], "args": row["args"],
             "vllm_kv_tokens": seen_kv, "plan_kv_tokens": p["kv_tokens"],
