@@ -186,7 +186,6 @@ def _task_yaml(name: str, data_file: Path) -> str:
 
 def _prepare_task(spec: MultipleChoiceSpec, workdir: Path) -> tuple[str, Path | None]:
     """lm-eval task name, and an include dir for shipped tasks (None for lm-eval's own)."""
-    assert spec.task is not None
     if not spec.task.startswith("bigbench:"):
         return spec.task, None
     task = spec.task.split(":", 1)[1]

@@ -45,5 +45,3 @@ def expert_coverage(export: Path) -> MetricRow | None:
                      recovery=value, threshold=1.0, on_fail="block",
                      n=scales.experts, seconds=round(time.perf_counter() - t0, 2),
                      settings={}, details=details)
-
-

@@ -20,7 +20,6 @@ is the standard error of that list.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -58,11 +57,8 @@ def reference(model: Any, tokenizer: Any, spec: KLDivergenceSpec) -> Score:
         values, index = lp.topk(spec.top_k, dim=-1)
         top_ids += index.cpu().tolist()
         top_lps += [[round(v, 6) for v in row] for row in values.cpu().tolist()]
-    seconds = time.perf_counter() - t0
-    return Score(value=0.0, n=len(top_ids), seconds=round(seconds, 2),
-                 per_window=[0.0] * len(wins), settings=_settings(spec, wins),
-                 reference=Reference(ids=top_ids, logprobs=top_lps),
-                 tokens_per_s=round(sum(e - b for b, e, _ in wins) / seconds, 1))
+    return _score(spec, wins, t0, 0.0, [0.0] * len(wins), {},
+                  reference=Reference(ids=top_ids, logprobs=top_lps))
 
 
 def coarse_kl(ref_ids: Any, ref_lp: Any, cand_lp: Any) -> Any:
@@ -110,19 +106,22 @@ def divergence(model: Any, tokenizer: Any, spec: KLDivergenceSpec, ref: Score | 
         per_window.append(float(kl.mean()))
         same += int((lp.argmax(dim=1) == r_ids[:, 0]).sum())
         at += w[2]
-    seconds = time.perf_counter() - t0
     counts = [s for _, _, s in wins]
     mean = sum(k * c for k, c in zip(per_window, counts, strict=True)) / n
-    settings = _settings(spec, wins)
-    settings["top1_agreement"] = round(same / n, 4)
-    return Score(value=mean, n=n, seconds=round(seconds, 2), per_window=per_window,
-                 window_tokens=counts, settings=settings,
-                 tokens_per_s=round(sum(e - b for b, e, _ in wins) / seconds, 1))
+    return _score(spec, wins, t0, mean, per_window, {"top1_agreement": round(same / n, 4)},
+                  window_tokens=counts)
 
 
-def _settings(spec: KLDivergenceSpec, wins: list[Window]) -> Settings:
-    return {"seq_len": spec.seq_len, "tokens": sum(s for _, _, s in wins),
-            "stride": spec.seq_len, "top_k": spec.top_k}
+def _score(spec: KLDivergenceSpec, wins: list[Window], t0: float, value: float,
+           per_window: list[float], more: Settings, **fields: Any) -> Score:
+    """The metric's result on one model, timed from t0 over its windows."""
+    seconds = time.perf_counter() - t0
+    scored = sum(s for _, _, s in wins)
+    settings: Settings = {"seq_len": spec.seq_len, "tokens": scored, "stride": spec.seq_len,
+                          "top_k": spec.top_k, **more}
+    return Score(value=value, n=scored, seconds=round(seconds, 2), per_window=per_window,
+                 settings=settings, tokens_per_s=round(sum(e - b for b, e, _ in wins) / seconds,
+                                                       1), **fields)
 
 
 def flips(names: list[str], base: dict[str, Score], cand: dict[str, Score]
@@ -148,10 +147,3 @@ def flips(names: list[str], base: dict[str, Score], cand: dict[str, Score]
     return rate, per_item, {"of": ", ".join(names), "items": len(per_item),
                             "right_to_wrong": to_wrong, "wrong_to_right": to_right}
 
-
-def stderr(values: list[float]) -> float | None:
-    """Standard error of a per-item list's mean."""
-    if len(values) < 2:
-        return None
-    m = sum(values) / len(values)
-    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values))

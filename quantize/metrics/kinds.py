@@ -17,6 +17,7 @@ from quantize.spec.metric_kinds import (
     KLDivergenceSpec,
     MultipleChoiceSpec,
     TextMetric,
+    paired_se,
 )
 from quantize.spec.recipe import EvalSuite, MetricSpec
 
@@ -71,28 +72,37 @@ def _kld(job: ScoreJob) -> Score:
     return divergence.divergence(job.model, job.tokenizer, job.spec, job.baseline)
 
 
-def _score_pair(spec: MetricSpec, suite: EvalSuite, base: Scores, cand: Scores) -> Paired:
+def _scores(spec: MetricSpec, base: Scores, cand: Scores, items: Callable[[Score], Any]
+            ) -> Paired:
     b, c = base.metrics[spec.name], cand.metrics[spec.name]
-    items = (lambda s: s.per_example) if spec.kind == "multiple_choice" else (
-        lambda s: s.per_window_nll)
     return Paired(b.value, c.value, items(b), items(c), c.n, c.settings, c.stderr)
 
 
-def _kld_pair(spec: MetricSpec, suite: EvalSuite, base: Scores, cand: Scores) -> Paired:
-    from quantize.metrics.divergence import stderr
+def _text_pair(spec: MetricSpec, suite: EvalSuite, base: Scores, cand: Scores) -> Paired:
+    return _scores(spec, base, cand, lambda s: s.per_window_nll)
 
+
+def _choice_pair(spec: MetricSpec, suite: EvalSuite, base: Scores, cand: Scores) -> Paired:
+    return _scores(spec, base, cand, lambda s: s.per_example)
+
+
+def _from_zero(value: float, items: list[float], n: int, settings: Settings) -> Paired:
+    """A divergence's row: the baseline is 0 on every item by definition."""
+    zeros = [0.0] * len(items)
+    return Paired(0.0, value, zeros, items, n, settings, paired_se(zeros, items))
+
+
+def _kld_pair(spec: MetricSpec, suite: EvalSuite, base: Scores, cand: Scores) -> Paired:
     c = cand.metrics[spec.name]
-    per = c.per_window or []
-    return Paired(0.0, c.value, [0.0] * len(per), per, c.n, c.settings, stderr(per))
+    return _from_zero(c.value, c.per_window or [], c.n, c.settings)
 
 
 def _flips_pair(spec: MetricSpec, suite: EvalSuite, base: Scores, cand: Scores) -> Paired:
-    from quantize.metrics.divergence import flips, stderr
+    from quantize.metrics.divergence import flips
 
     assert isinstance(spec, AnswerFlipsSpec)
     rate, per_item, settings = flips(suite.flips_of(spec), base.metrics, cand.metrics)
-    return Paired(0.0, rate, [0.0] * len(per_item), per_item, len(per_item), settings,
-                  stderr(per_item))
+    return _from_zero(rate, per_item, len(per_item), settings)
 
 
 @dataclass(frozen=True)
@@ -106,9 +116,9 @@ class Scorer:
 
 
 SCORERS: dict[str, Scorer] = {
-    "perplexity": Scorer(_perplexity, "windows", _score_pair),
-    "long_perplexity": Scorer(_perplexity, "windows", _score_pair),
-    "multiple_choice": Scorer(_choice, "choices", _score_pair),
+    "perplexity": Scorer(_perplexity, "windows", _text_pair),
+    "long_perplexity": Scorer(_perplexity, "windows", _text_pair),
+    "multiple_choice": Scorer(_choice, "choices", _choice_pair),
     "kl_divergence": Scorer(
         _kld, None, _kld_pair,
         no_vllm="vLLM returns each position's own top log-probabilities, not the candidate's "

@@ -204,6 +204,16 @@ METRIC_KINDS: dict[str, MetricKind] = {k.name: k for k in (
 )}
 
 
+def paired_se(base: list[float], cand: list[float]) -> float | None:
+    """Standard error of the mean of the paired differences (None when not computable)."""
+    if len(base) != len(cand) or len(base) < 2:
+        return None
+    d = [c - b for b, c in zip(base, cand, strict=True)]
+    mean = sum(d) / len(d)
+    var = sum((x - mean) ** 2 for x in d) / (len(d) - 1)
+    return math.sqrt(var / len(d))
+
+
 def paired_names(kinds: dict[str, str]) -> list[str]:
     """The multiple-choice metrics of a suite ({name: kind}), in order: what answer_flips
     pools when its `of` is not given."""

@@ -28,7 +28,7 @@ from quantize.spec.metric_kinds import (
 from quantize.spec.paths import PROJECT_ROOT, contained
 from quantize.spec.schemes import SCHEMES, SchemeName
 from quantize.spec.strict import Name, Strict
-from quantize.spec.yamlio import parse_model, read_text
+from quantize.spec.yamlio import expected, parse_model, read_text
 
 # The recipe `quantize run`, `make quantize` and `quantize fit` use when none is named: the
 # best 4-bit measured on the default model (eval/README.md, issue #15). The Makefile's
@@ -93,12 +93,10 @@ FLAT_FIELDS: dict[str, object] = {
 
 def metric_union() -> Any:
     """The type of a suite's `metrics` items: the table's kinds, discriminated by `kind`."""
-    names = [repr(k) for k in METRIC_KINDS]
-    expected = ", ".join(names[:-1]) + f" or {names[-1]}"
     specs = tuple(Annotated[k.spec, Tag(k.name)] for k in METRIC_KINDS.values())
     return Annotated[Union[specs], Discriminator(  # noqa: UP007
         _kind_of, custom_error_type="unknown_kind",
-        custom_error_message=f"kind: Input should be {expected}")]
+        custom_error_message=f"kind: Input should be {expected(METRIC_KINDS)}")]
 
 
 def _kind_of(value: Any) -> str | None:

@@ -3,7 +3,7 @@ schema errors can point at the line to fix."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -167,17 +167,20 @@ def parse_model(model: type[M], text: str, source: str) -> M:
                           path=source) from None
 
 
+def expected(keys: Iterable[str]) -> str:
+    """A table's keys as pydantic lists a Literal's values: "'a', 'b' or 'c'"."""
+    names = [repr(k) for k in keys]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" or {names[-1]}"
+
+
 def one_of(table: Mapping[str, Any]) -> Any:
     """A string field whose values are a table's keys, looked up when a document is validated
     (an entry added to the table is a valid value at once), refused as pydantic refuses a
     Literal: "Input should be 'a', 'b' or 'c'"."""
     def check(value: str) -> str:
         if value not in table:
-            names = [repr(k) for k in table]
-            expected = names[0] if len(names) == 1 else \
-                ", ".join(names[:-1]) + f" or {names[-1]}"
             raise PydanticCustomError("literal_error", "Input should be {expected}",
-                                      {"expected": expected})
+                                      {"expected": expected(table)})
         return value
 
     return Annotated[str, AfterValidator(check)]

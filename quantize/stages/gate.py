@@ -14,7 +14,6 @@ Nothing flips silently in either direction.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from quantize.run.files import atomic_write_json, atomic_write_text
@@ -39,16 +38,6 @@ def _kind(row: MetricRow) -> MetricKind:
 
 def recovery(row: MetricRow) -> float:
     return _kind(row).recover(row.baseline, row.candidate)
-
-
-def paired_se(base: list[float], cand: list[float]) -> float | None:
-    """Standard error of the mean of the paired differences (None when not computable)."""
-    if len(base) != len(cand) or len(base) < 2:
-        return None
-    d = [c - b for b, c in zip(base, cand, strict=True)]
-    mean = sum(d) / len(d)
-    var = sum((x - mean) ** 2 for x in d) / (len(d) - 1)
-    return math.sqrt(var / len(d))
 
 
 def margin(row: MetricRow) -> tuple[float, float | None]:

@@ -40,6 +40,7 @@ from quantize.run.results import (
     VllmLoads,
     expert_coverage_lines,
 )
+from quantize.spec.metric_kinds import LongPerplexitySpec, PerplexitySpec
 from quantize.spec.recipe import FLAT_FIELDS, LATER_FIELDS, EvalSuite, MetricSpec, canonical_hash
 from quantize.stages.eval.engine import EngineChoice, EngineKey
 from quantize.textfmt import md_table
@@ -214,8 +215,7 @@ def compare(suite: EvalSuite, base: Scores, cand: Scores) -> list[MetricRow]:
     """One row per metric: each kind pairs the two models' scores its own way
     (quantize.metrics.kinds), the gate reads recovery and noise from the kind's rule."""
     from quantize.metrics.kinds import SCORERS
-    from quantize.spec.metric_kinds import METRIC_KINDS
-    from quantize.stages.gate import paired_se
+    from quantize.spec.metric_kinds import METRIC_KINDS, paired_se
 
     rows = []
     for spec in suite.metrics:
@@ -355,7 +355,7 @@ def throughput(suite: EvalSuite, base: Scores, cand: Scores, engine: str
     """Tokens/s of the engine on each perplexity metric's windows (forward passes only)."""
     out = {}
     for spec in suite.metrics:
-        if spec.kind in ("perplexity", "long_perplexity"):
+        if isinstance(spec, (PerplexitySpec, LongPerplexitySpec)):
             out[spec.name] = Throughput(
                 engine=engine, baseline_tokens_per_s=base.metrics[spec.name].tokens_per_s,
                 candidate_tokens_per_s=cand.metrics[spec.name].tokens_per_s)

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from quantize.stages.gate import decide, judge, markdown, paired_se, recovery
+from quantize.spec.metric_kinds import paired_se
+from quantize.stages.gate import decide, judge, markdown, recovery
 
 
 def row(name: str, b: float, c: float, t: float, direction: str = "higher_is_better",
