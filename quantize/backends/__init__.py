@@ -45,8 +45,9 @@ def resolve_batch_size(wanted: int | str, device: str, samples: list[list[int]])
     equal = len({len(s) for s in samples}) <= 1
     if isinstance(wanted, int):
         if wanted > 1 and not equal:
-            raise RecipeError(f"batch_size {wanted} needs equal-length calibration samples; "
-                              "turn packing on in the calibration spec or set batch_size: 1")
+            raise RecipeError(
+                problem=f"batch_size {wanted} needs equal-length calibration samples",
+                hint="turn packing on in the calibration spec or set batch_size: 1")
         return max(1, min(wanted, len(samples) or 1))
     return min(GPU_AUTO_BATCH, len(samples)) if device != "cpu" and samples and equal else 1
 
@@ -69,13 +70,15 @@ def get_backend(name: str) -> Backend:
     from quantize.spec.engines import ENGINES
 
     if name not in ENGINES:
-        raise BackendUnavailable(f"unknown backend {name!r}; known: {sorted(ENGINES)}")
+        raise BackendUnavailable(problem=f"unknown backend {name!r}",
+                                 hint=f"known: {sorted(ENGINES)}")
     engine = ENGINES[name]
     try:
         module = importlib.import_module(engine.module)
     except ImportError as exc:
-        raise BackendUnavailable(f"backend {name!r} is not installed ({exc.name}); install "
-                                 f"it with `pip install -e .[{engine.extra or name}]`") from None
+        raise BackendUnavailable(
+            problem=f"backend {name!r} is not installed ({exc.name})",
+            hint=f"install it with `pip install -e .[{engine.extra or name}]`") from None
     backend: Backend = module.BACKEND
     return backend
 
@@ -92,8 +95,9 @@ def check_model(recipe: Recipe, config: ModelConfig) -> None:
     method = METHODS[recipe.method]
     if method.requires and importlib.util.find_spec(method.requires[0]) is None:
         raise BackendUnavailable(
-            f"method {recipe.method} needs the package {method.requires[1]!r}, which is not "
-            f"installed; install it with `pip install {method.requires[1]}` (make install does)")
+            problem=f"method {recipe.method} needs the package {method.requires[1]!r}, which "
+                    "is not installed",
+            hint=f"install it with `pip install {method.requires[1]}` (make install does)")
     if recipe.backend == "llmcompressor":
         return
     get_backend(recipe.backend).check_model(config, recipe)  # BackendUnavailable names the extra

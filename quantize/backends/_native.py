@@ -123,8 +123,9 @@ def require_loader(quant_method: str) -> None:
     missing = [m for m in ("gptqmodel", "optimum") if importlib.util.find_spec(m) is None]
     if missing:
         raise BackendUnavailable(
-            f"loading a native {quant_method} checkpoint in transformers needs "
-            f"{' and '.join(missing)}; install with `pip install -e .[gptqmodel]`")
+            problem=f"loading a native {quant_method} checkpoint in transformers needs "
+                    f"{' and '.join(missing)}",
+            hint="install with `pip install -e .[gptqmodel]`")
 
 
 @contextlib.contextmanager
@@ -164,8 +165,8 @@ def finish(out: Path, source: Path, logs: Path, dtype: Any) -> QuantizationJSON:
         (out / "generation_config.json").unlink(missing_ok=True)
     qc = raw_quant_config(read_config(out))
     if qc is None:
-        raise QuantizationError(f"{out}: the engine wrote no quantization block into config.json; "
-                            "re-run the quantize stage")
+        raise QuantizationError(path=out, problem="the engine wrote no quantization block into "
+                                "config.json", hint="re-run the quantize stage")
     write_config(out, with_quant_config(read_config(source), qc,
                                         str(dtype).removeprefix("torch.")))
     return QuantizationJSON.model_validate(qc)
@@ -177,12 +178,13 @@ def check_job(job: Any, engine: str) -> None:
 
     fix = "or use backend: llmcompressor"
     if job.world_size > 1:
-        raise NotImplementedFeature(f"backend {engine} runs in one process here; drop --gpus "
-                                    f"{job.world_size} {fix}")
+        raise NotImplementedFeature(problem=f"backend {engine} runs in one process here",
+                                    hint=f"drop --gpus {job.world_size} {fix}")
     if job.host_tier == "disk":
-        raise NotImplementedFeature(f"the model does not fit in host RAM and backend {engine} "
-                                    f"keeps it there (no offload to disk here); free memory "
-                                    f"{fix}")
+        raise NotImplementedFeature(
+            problem=f"the model does not fit in host RAM and backend {engine} keeps it there "
+                    "(no offload to disk here)",
+            hint=f"free memory {fix}")
 
 
 def require_packed_samples(samples: list[list[int]], engine: str) -> None:
@@ -192,6 +194,6 @@ def require_packed_samples(samples: list[list[int]], engine: str) -> None:
 
     if len({len(s) for s in samples}) > 1:
         raise NotImplementedFeature(
-            f"backend {engine} concatenates calibration samples and cuts equal windows, so "
-            "samples of different lengths would change what it calibrates on; use a "
-            "calibration spec with packing: true")
+            problem=f"backend {engine} concatenates calibration samples and cuts equal "
+                    "windows, so samples of different lengths would change what it calibrates on",
+            hint="use a calibration spec with packing: true")

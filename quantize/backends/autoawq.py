@@ -52,18 +52,19 @@ def check_model(config: ModelConfig) -> None:
     tf = importlib.metadata.version("transformers")
     if os.environ.get(UNVERIFIED_ENV, "") in ("", "0"):
         raise NotImplementedFeature(
-            f"backend autoawq does not work with transformers {tf}: AutoAWQ 0.2.9 (archived "
-            "upstream, tested by its authors up to transformers 4.51) wrote a broken "
-            "checkpoint of the default model here (perplexity 17.9 -> 194,000, garbage in "
-            "vLLM too); use awq-int4-gptqmodel or awq-int4 (set "
-            f"{UNVERIFIED_ENV}=1 only to reproduce it)")
+            problem=f"backend autoawq does not work with transformers {tf}: AutoAWQ 0.2.9 "
+                    "(archived upstream, tested by its authors up to transformers 4.51) wrote "
+                    "a broken checkpoint of the default model here (perplexity 17.9 -> "
+                    "194,000, garbage in vLLM too)",
+            hint=f"use awq-int4-gptqmodel or awq-int4 (set {UNVERIFIED_ENV}=1 only to "
+                 "reproduce it)")
     mt = config.model_type
     if mt not in VERIFIED_MODEL_TYPES:
         raise NotImplementedFeature(
-            f"backend autoawq (archived upstream, tested by its authors only up to "
-            f"transformers 4.51) runs here with transformers {tf} for model_type "
-            f"{', '.join(VERIFIED_MODEL_TYPES)} only, not {mt!r}; use backend: gptqmodel or "
-            "llmcompressor")
+            problem=f"backend autoawq (archived upstream, tested by its authors only up to "
+                    f"transformers 4.51) runs here with transformers {tf} for model_type "
+                    f"{', '.join(VERIFIED_MODEL_TYPES)} only, not {mt!r}",
+            hint="use backend: gptqmodel or llmcompressor")
 
 
 class AWQQuantConfig(TypedDict):

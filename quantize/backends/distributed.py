@@ -59,39 +59,44 @@ def check_support(recipe: Recipe, device: str, world_size: int,
         return
     if recipe.backend != "llmcompressor":
         raise NotImplementedFeature(
-            f"--gpus {world_size}: backend {recipe.backend} has no distributed calibration "
-            "here; only backend llmcompressor runs data-parallel (drop --gpus, or use a "
-            "recipe with backend: llmcompressor)")
+            problem=f"--gpus {world_size}: backend {recipe.backend} has no distributed "
+                    "calibration here",
+            hint="only backend llmcompressor runs data-parallel (drop --gpus, or use a recipe "
+                 "with backend: llmcompressor)")
     if not recipe.needs_calibration:
         raise NotImplementedFeature(
-            f"recipe {recipe.name} needs no calibration data, so --gpus {world_size} has "
-            "nothing to split across processes; drop --gpus (distributed calibration serves "
-            "recipes that calibrate: gptq, awq, and rtn with static activation or KV-cache "
-            "scales)")
+            problem=f"recipe {recipe.name} needs no calibration data, so --gpus {world_size} "
+                    "has nothing to split across processes",
+            hint="drop --gpus (distributed calibration serves recipes that calibrate: gptq, "
+                 "awq, and rtn with static activation or KV-cache scales)")
     if device != "cpu":
         if visible_gpus is not None and world_size > visible_gpus:
-            raise QuantizeError(f"--gpus {world_size} but {visible_gpus} CUDA GPU(s) are "
-                                f"visible; use --gpus {max(visible_gpus, 1)} or fewer, or "
-                                "check CUDA_VISIBLE_DEVICES")
+            raise QuantizeError(
+                problem=f"--gpus {world_size} but {visible_gpus} CUDA GPU(s) are visible",
+                hint=f"use --gpus {max(visible_gpus, 1)} or fewer, or check "
+                     "CUDA_VISIBLE_DEVICES")
         if recipe.method not in GPU_METHODS:
             raise NotImplementedFeature(
-                f"method {recipe.method} has no distributed calibration in llm-compressor; "
-                f"--gpus supports {', '.join(GPU_METHODS)}")
+                problem=f"method {recipe.method} has no distributed calibration in "
+                        "llm-compressor",
+                hint=f"--gpus supports {', '.join(GPU_METHODS)}")
         return
     problem = _CPU_WHY["smoothquant"] if recipe.smoothquant is not None else (
         None if recipe.method in CPU_METHODS else _CPU_WHY.get(recipe.method, "unsupported"))
     if problem:
         what = "smoothquant" if recipe.smoothquant is not None else f"method {recipe.method}"
         raise NotImplementedFeature(
-            f"--gpus {world_size} on CPU (gloo) supports method {', '.join(CPU_METHODS)} "
-            f"without smoothquant; {what}: {problem}. Use a GPU machine, or drop --gpus")
+            problem=f"--gpus {world_size} on CPU (gloo) supports method "
+                    f"{', '.join(CPU_METHODS)} without smoothquant; {what}: {problem}",
+            hint="use a GPU machine, or drop --gpus")
 
 
 def check_samples(n: int, world_size: int) -> None:
     if world_size > 1 and n < world_size:
-        raise QuantizeError(f"--gpus {world_size} needs at least {world_size} calibration "
-                            f"samples (one per process) and the set has {n}; raise "
-                            "num_samples in the calibration spec or use fewer GPUs")
+        raise QuantizeError(
+            problem=f"--gpus {world_size} needs at least {world_size} calibration samples "
+                    f"(one per process) and the set has {n}",
+            hint="raise num_samples in the calibration spec or use fewer GPUs")
 
 
 def partition(n: int, rank: int, world_size: int) -> tuple[int, int]:

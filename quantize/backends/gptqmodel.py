@@ -112,9 +112,9 @@ def check_model(config: ModelConfig, recipe: Recipe) -> None:
     if why:
         version = importlib.metadata.version("gptqmodel")
         raise NotImplementedFeature(
-            f"backend gptqmodel {version} cannot run {recipe.method.upper()} on model_type "
-            f"{config.model_type!r}: {why}; use backend: llmcompressor (recipe awq-int4), "
-            "which exports this model")
+            problem=f"backend gptqmodel {version} cannot run {recipe.method.upper()} on "
+                    f"model_type {config.model_type!r}: {why}",
+            hint="use backend: llmcompressor (recipe awq-int4), which exports this model")
 
 
 class GPTQModelBackend:

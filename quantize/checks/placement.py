@@ -64,17 +64,18 @@ def choose_host(need: int, weights: int, free: int, disk_free: int) -> HostPlan:
     budget = free - reserve
     if budget <= 0:
         raise PlacementError(
-            f"quantizing needs about {need / GiB:.1f} GiB of host RAM and only "
-            f"{free / GiB:.1f} GiB is free, too little even to offload weights to disk (it "
-            f"keeps {reserve / GiB:.1f} GiB for the engine); close other programs or use a "
-            "machine with more memory")
+            problem=f"quantizing needs about {need / GiB:.1f} GiB of host RAM and only "
+                    f"{free / GiB:.1f} GiB is free, too little even to offload weights to disk "
+                    f"(it keeps {reserve / GiB:.1f} GiB for the engine)",
+            hint="close other programs or use a machine with more memory")
     spill = max(0, weights - budget)
     if spill * 1.1 > disk_free:
         raise PlacementError(
-            f"host RAM is short ({free / GiB:.1f} GiB free, about {need / GiB:.1f} GiB "
-            f"needed) and offloading the rest to disk needs about {spill * 1.1 / GiB:.1f} GiB "
-            f"where {disk_free / GiB:.1f} GiB is free; free disk space in the run folder's "
-            "file system or use a machine with more memory")
+            problem=f"host RAM is short ({free / GiB:.1f} GiB free, about {need / GiB:.1f} GiB "
+                    f"needed) and offloading the rest to disk needs about "
+                    f"{spill * 1.1 / GiB:.1f} GiB where {disk_free / GiB:.1f} GiB is free",
+            hint="free disk space in the run folder's file system or use a machine with more "
+                 "memory")
     return HostPlan("disk", need, free, cpu_budget=budget, disk_bytes=spill)
 
 
@@ -138,8 +139,9 @@ def load_plan(device: str, gpu_placement: str, host: str, world_size: int,
             # offloaded tensor; the ranks share the offload files, so they would delete them
             # under each other's feet
             raise NotImplementedFeature(
-                f"--gpus {world_size} on CPU with weights offloaded to disk (host RAM is "
-                "short) is not supported; run on one process (drop --gpus) or on GPUs")
+                problem=f"--gpus {world_size} on CPU with weights offloaded to disk (host RAM "
+                        "is short) is not supported",
+                hint="run on one process (drop --gpus) or on GPUs")
         if cpu_budget is None or offload_dir is None:
             raise ValueError("disk offload needs a cpu budget and an offload folder")
         return Load(True, {"device_map": "auto_offload", "max_memory": {"cpu": cpu_budget},

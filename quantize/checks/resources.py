@@ -127,10 +127,10 @@ def check_host_memory(params: int, device: str) -> dict[str, float]:
     facts = {"host_ram_needed_gib": _gib(need), "host_ram_free_gib": _gib(free)}
     if need > free:
         raise ResourceError(
-            f"quantizing this model needs about {need / GiB:.1f} GiB of host RAM and "
-            f"{free / GiB:.1f} GiB is free; use a machine with more memory, or a GPU "
-            "(--device cuda: 16-bit weights, sequential layer-by-layer onloading), or close "
-            "other programs")
+            problem=f"quantizing this model needs about {need / GiB:.1f} GiB of host RAM and "
+                    f"{free / GiB:.1f} GiB is free",
+            hint="use a machine with more memory, or a GPU (--device cuda: 16-bit weights, "
+                 "sequential layer-by-layer onloading), or close other programs")
     return facts
 
 

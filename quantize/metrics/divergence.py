@@ -84,15 +84,15 @@ def divergence(model: Any, tokenizer: Any, spec: KLDivergenceSpec, ref: Score | 
     from quantize.metrics import token_windows
 
     if ref is None or ref.reference is None:
-        raise EvalError(f"metric {spec.name}: the baseline's reference distribution is "
-                        "missing (scores cached before kl_divergence existed?); clear the "
-                        "baseline cache entry or rerun eval")
+        raise EvalError(problem=f"metric {spec.name}: the baseline's reference distribution "
+                                "is missing (scores cached before kl_divergence existed?)",
+                        hint="clear the baseline cache entry or rerun eval")
     ids, wins = token_windows(tokenizer, spec)
     n = sum(s for _, _, s in wins)
     if n != len(ref.reference.ids) or len(ref.reference.ids[0]) != spec.top_k:
-        raise EvalError(f"metric {spec.name}: the baseline's reference covers "
-                        f"{len(ref.reference.ids)} positions, these windows {n}; rerun eval "
-                        "(the suite changed since the baseline was scored)")
+        raise EvalError(problem=f"metric {spec.name}: the baseline's reference covers "
+                                f"{len(ref.reference.ids)} positions, these windows {n}",
+                        hint="rerun eval (the suite changed since the baseline was scored)")
     all_ids = torch.tensor(ids, dtype=torch.long)
     t0 = time.perf_counter()
     per_window: list[float] = []
@@ -134,8 +134,9 @@ def flips(names: list[str], base: dict[str, Score], cand: dict[str, Score]
         b, c = base[name], cand[name]
         if b.per_example_choice is None or c.per_example_choice is None \
                 or b.per_example is None or c.per_example is None:
-            raise EvalError(f"answer_flips: metric {name} has no per-item answers (scores "
-                            "cached before answer_flips existed?); rerun eval")
+            raise EvalError(problem=f"answer_flips: metric {name} has no per-item answers "
+                                    "(scores cached before answer_flips existed?)",
+                            hint="rerun eval")
         for bc, cc, bok, cok in zip(b.per_example_choice, c.per_example_choice,
                                     b.per_example, c.per_example, strict=True):
             per_item.append(float(bc != cc))

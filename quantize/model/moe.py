@@ -88,9 +88,9 @@ def check_routers_dense(model: Any, targets: list[str], ignore: list[str],
     """Refuse, before calibration, a recipe whose targets would quantize a router."""
     bad = quantized_routers(model, targets, ignore)
     if bad:
-        raise error(f"the recipe would quantize {len(bad)} MoE router/gate layer(s) (e.g. "
-                    f"{bad[0]}), which vLLM needs dense; add them to `ignore:` (e.g. "
-                    "'re:.*mlp\\.gate$') or narrow `targets:`")
+        raise error(problem=f"the recipe would quantize {len(bad)} MoE router/gate layer(s) "
+                            f"(e.g. {bad[0]}), which vLLM needs dense",
+                    hint="add them to `ignore:` (e.g. 're:.*mlp\\.gate$') or narrow `targets:`")
 
 
 def fused_expert_projections(model: Any, targets: list[str], ignore: list[str]

@@ -248,8 +248,9 @@ def parse(raw: dict[str, Any]) -> QuantConfig:
     method or a key of the wrong type."""
     method = raw.get("quant_method")
     if method not in KNOWN_METHODS:
-        raise ModelError(f"{method_is(method)}; this project reads "
-                         "compressed-tensors, native gptq/awq and fp8 checkpoints")
+        raise ModelError(problem=method_is(method),
+                         hint="this project reads compressed-tensors, native gptq/awq and fp8 "
+                              "checkpoints")
     try:
         qc = QuantizationJSON.model_validate(raw)
     except ValidationError as exc:

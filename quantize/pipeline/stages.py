@@ -53,5 +53,6 @@ def upto(name: str) -> tuple[Stage, ...]:
     """The stages a run up to `name` goes through, in order."""
     order = names()
     if name not in order:
-        raise QuantizeError(f"unknown stage {name!r}; stages: {', '.join(order)}")
+        raise QuantizeError(problem=f"unknown stage {name!r}",
+                            hint=f"use one of {', '.join(order)}")
     return PIPELINE[: order.index(name) + 1]

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from quantize.errors import PlanError
 from quantize.spec.paths import DATA_DIR
-from quantize.spec.yamlio import format_validation_error, load_yaml, read_text
+from quantize.spec.yamlio import load_yaml, read_text, validation_error
 
 DATA = DATA_DIR / "gpus.yaml"
 USER_FILE = Path("~/.config/quantize/gpus.yaml").expanduser()
@@ -62,7 +62,7 @@ def _read(path: Path) -> list[Gpu]:
     try:
         return _Catalog.model_validate(data).gpus
     except ValidationError as exc:
-        raise PlanError(format_validation_error(exc, str(path), lines)) from None
+        raise validation_error(PlanError, exc, str(path), lines, data) from None
 
 
 def _user_files(extra: Path | None) -> list[Path]:
@@ -76,8 +76,8 @@ def _user_files(extra: Path | None) -> list[Path]:
         files.append(extra)
     for f in files:
         if not f.is_file():
-            raise PlanError(f"GPU file {f} does not exist; give a YAML file with a `gpus:` list "
-                            f"in the format of {DATA}")
+            raise PlanError(problem=f"GPU file {f} does not exist",
+                            hint=f"give a YAML file with a `gpus:` list in the format of {DATA}")
     return files
 
 
@@ -100,5 +100,6 @@ def find(name: str, extra: Path | None = None) -> Gpu:
             return gpu
     close = difflib.get_close_matches(want, list(gpus), n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    raise PlanError(f"unknown GPU {name!r}; {hint}known: {', '.join(sorted(gpus))}; add yours "
-                    "with --gpu-file (see quantize/data/gpus.yaml for the format)")
+    raise PlanError(problem=f"unknown GPU {name!r}",
+                    hint=f"{hint}known: {', '.join(sorted(gpus))}; add yours with --gpu-file "
+                         "(see quantize/data/gpus.yaml for the format)")

@@ -127,12 +127,13 @@ def make_plan(req: PlanRequest) -> Plan:
     from quantize.spec.recipe import load_recipe
 
     if req.profile not in PROFILES:
-        raise PlanError(f"unknown vLLM profile {req.profile!r}; known: {', '.join(PROFILES)}")
+        raise PlanError(problem=f"unknown vLLM profile {req.profile!r}",
+                        hint=f"known: {', '.join(PROFILES)}")
     if not 0.05 <= req.util <= 1.0:
-        raise PlanError(f"--gpu-memory-utilization {req.util} is outside (0.05, 1]; vLLM takes "
-                        "a fraction of the card, e.g. 0.9")
+        raise PlanError(problem=f"--gpu-memory-utilization {req.util} is outside (0.05, 1]",
+                        hint="vLLM takes a fraction of the card, e.g. 0.9")
     if req.gpus < 1 or req.context < 1 or req.concurrency < 1:
-        raise PlanError("--gpus, --max-model-len and --concurrency must be positive")
+        raise PlanError(problem="--gpus, --max-model-len and --concurrency must be positive")
     source = load_source(req.model)
     model = meta(source.config)
     shape = model_shape(source.config, model.config)

@@ -148,8 +148,9 @@ def load_source(spec: str) -> ModelSource:
         return _from_run(run, spec)
     if path.is_dir():
         if not config_path(path).is_file():
-            raise PlanError(f"{path} has no config.json; give the folder that holds it, a run "
-                            "folder, a built-in model or a Hub id")
+            raise PlanError(path=path, path_sep=" ", problem="has no config.json",
+                            hint="give the folder that holds it, a run folder, a built-in model "
+                                 "or a Hub id")
         return ModelSource(spec, path.resolve().name, f"folder:{path}",
                            _clean(read_config(path)), str(path))
     if spec == DEFAULT_MODEL:
@@ -164,8 +165,9 @@ def load_source(spec: str) -> ModelSource:
                            repo)
     if HUB_ID.match(spec):
         return ModelSource(spec, spec.split("/")[-1], f"hub:{spec}", _hub_config(spec), spec)
-    raise PlanError(f"model {spec!r} is not a folder, a run folder, `default`, a built-in model "
-                    f"or a Hub id; built-in: {', '.join(builtin_configs())}")
+    raise PlanError(problem=f"model {spec!r} is not a folder, a run folder, `default`, a "
+                            "built-in model or a Hub id",
+                    hint=f"built-in: {', '.join(builtin_configs())}")
 
 
 def _from_run(folder: RunFolder, spec: str) -> ModelSource:
@@ -174,8 +176,9 @@ def _from_run(folder: RunFolder, spec: str) -> ModelSource:
     path = folder.path
     run = read_run(path)
     if run is None:
-        raise PlanError(f"{path}/manifest.json is not a run manifest; re-run the pipeline or "
-                        "plan from the model itself")
+        raise PlanError(path=f"{path}/manifest.json", path_sep=" ",
+                        problem="is not a run manifest",
+                        hint="re-run the pipeline or plan from the model itself")
     config = without_quant_config(_clean(read_config(folder.export)))
     base = Path(run.model_path)
     name = base.name or path.name
@@ -190,7 +193,7 @@ def _hub_config(repo: str) -> ModelConfig:
         file = hf_hub_download(repo, CONFIG)
     except Exception as exc:  # offline, gated, missing: all mean "no config"
         first = first_line(exc)[:160]
-        raise PlanError(f"cannot get config.json of {repo!r} from the Hub ({first}); pass a "
-                        "local folder with config.json or one of the built-in models: "
-                        f"{', '.join(builtin_configs())}") from None
+        raise PlanError(problem=f"cannot get config.json of {repo!r} from the Hub ({first})",
+                        hint="pass a local folder with config.json or one of the built-in "
+                             f"models: {', '.join(builtin_configs())}") from None
     return _clean(read_config(Path(file).parent))

@@ -97,7 +97,7 @@ def ask(checkpoint: Path, workdir: Path, host: vhost.Host,
         questions: QuestionSet | None = None) -> AnswerSheet:
     """Load `checkpoint` in vLLM, answer every question greedily, and score the answers."""
     if host.vllm_python is None:
-        raise VerifyError(f"the question check needs vLLM: {host.problem}")
+        raise VerifyError(problem=f"the question check needs vLLM: {host.problem}")
     qs = questions or load_questions()
     prompts, tok = prompt_ids(checkpoint, qs)
     need = support.serving_dtype(support.checkpoint_format(read_config(checkpoint)),

@@ -399,15 +399,16 @@ def hash_tree(folder: Path) -> dict[str, str]:
 
 
 def check_tree(folder: Path, expected: dict[str, str], what: str) -> None:
-    """Refuse a folder whose files are missing, extra, truncated or changed."""
+    """Refuse a folder whose files are missing, truncated or changed (ExportError, `path`)."""
+    def refuse(where: Path, problem: str, hint: str) -> ExportError:
+        return ExportError(compose(problem, hint, f"{what}: {where}", None, " "),
+                           problem=problem, hint=hint, path=where)
     if not folder.is_dir():
-        raise ExportError(f"{what}: {folder} is missing; re-run the stage that makes it")
+        raise refuse(folder, "is missing", "re-run the stage that makes it")
     actual = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
-    missing = sorted(set(expected) - actual)
-    if missing:
-        raise ExportError(f"{what}: {folder} lacks {missing[:3]}; it is incomplete - "
-                          "delete it and re-run")
+    if missing := sorted(set(expected) - actual):
+        raise refuse(folder, f"lacks {missing[:3]}", "it is incomplete - delete it and re-run")
     for rel, digest in expected.items():
         if sha256_file(folder / rel) != digest:
-            raise ExportError(f"{what}: {folder / rel} does not match its recorded sha256 "
-                              "(changed or truncated); delete it and re-run")
+            raise refuse(folder / rel, "does not match its recorded sha256 (changed or "
+                         "truncated)", "delete it and re-run")

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from quantize.errors import LockedError
+from quantize.errors import LockedError, compose
 from quantize.run.files import disk_error
 
 LOCK_NAME = ".lock"
@@ -56,9 +56,11 @@ def _holder(path: Path, settle_s: float = 0.0) -> str:
         time.sleep(0.01)
 
 
-def _take(path: Path, *, wait_s: float, refused: Callable[[str], str] | None = None,
+def _take(path: Path, *, wait_s: float,
+          refused: Callable[[str], tuple[str, str]] | None = None,
           on_wait: Callable[[str], None] | None = None) -> int:
-    """An open fd of `path` holding an exclusive flock; LockedError after `wait_s`.
+    """An open fd of `path` holding an exclusive flock; LockedError after `wait_s` (the run
+    folder as `path`, or with `refused(holder)`'s problem and hint, the lock file).
     `on_wait(holder)` is called once, when the lock is first found held."""
     deadline = time.monotonic() + wait_s
     waited = False
@@ -70,9 +72,14 @@ def _take(path: Path, *, wait_s: float, refused: Callable[[str], str] | None = N
             os.close(fd)
             if time.monotonic() >= deadline:
                 holder = _holder(path)
-                raise LockedError(refused(holder) if refused else (
-                    f"{path.parent} is in use by {holder}; wait for it to finish or use "
-                    "another --out folder")) from None
+                if refused is None:
+                    raise LockedError(path=path.parent, path_sep=" ",
+                                      problem=f"is in use by {holder}",
+                                      hint="wait for it to finish or use another --out folder"
+                                      ) from None
+                problem, hint = refused(holder)  # the lock file sits inside the sentence
+                raise LockedError(compose(problem, hint), problem=problem, hint=hint,
+                                  path=path) from None
             if on_wait is not None and not waited:
                 on_wait(_holder(path, settle_s=0.5))
             waited = True
@@ -153,8 +160,9 @@ def entry_lock(path: Path, *, what: str = "writing a cache entry",
     with _disk_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = _take(path, wait_s=wait_s, on_wait=_say_waiting(what, path),
-                   refused=lambda holder: f"gave up waiting for {holder} to finish {what} "
-                   f"after {wait_s:.0f} s (lock {path}); if it is stuck, stop it and re-run")
+                   refused=lambda holder: (f"gave up waiting for {holder} to finish {what} "
+                                           f"after {wait_s:.0f} s (lock {path})",
+                                           "if it is stuck, stop it and re-run"))
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)  # for the waiters' message only
     try:

@@ -154,7 +154,8 @@ def _read(path: Path, model: type[M]) -> M:
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ExportError(f"{path} is corrupt; delete the run folder and re-run") from None
+        raise ExportError(path=path, path_sep=" ", problem="is corrupt",
+                          hint="delete the run folder and re-run") from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -11,10 +11,11 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
-from quantize.errors import RecipeError, compose
+from quantize.errors import QuantizeError, RecipeError, compose
 
 Loc = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
+E = TypeVar("E", bound=QuantizeError)
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -151,6 +152,17 @@ def format_validation_error(exc: ValidationError, source: str, lines: dict[Loc, 
                      for line, problem, hint in validation_problems(exc, lines, data))
 
 
+def validation_error(cls: type[E], exc: ValidationError, source: str, lines: dict[Loc, int],
+                     data: Any = None) -> E:
+    """The error to raise for a schema failure: one problem as its fields (the usual case),
+    several as one message listing each (see format_validation_error)."""
+    parts = validation_problems(exc, lines, data)
+    if len(parts) == 1:
+        line, problem, hint = parts[0]
+        return cls(problem=problem, hint=hint, path=source, line=line)
+    return cls(format_validation_error(exc, source, lines, data), path=source)
+
+
 def parse_model(model: type[M], text: str, source: str) -> M:
     """Strictly parse YAML text into a pydantic model, with line-precise errors."""
     data, lines = load_yaml(text, source)
@@ -159,12 +171,7 @@ def parse_model(model: type[M], text: str, source: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        parts = validation_problems(exc, lines, data)
-        if len(parts) == 1:  # the usual case: one problem, its fields
-            line, problem, hint = parts[0]
-            raise RecipeError(problem=problem, hint=hint, path=source, line=line) from None
-        raise RecipeError(format_validation_error(exc, source, lines, data),
-                          path=source) from None
+        raise validation_error(RecipeError, exc, source, lines, data) from None
 
 
 def expected(keys: Iterable[str]) -> str:

@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantize.errors import CalibrationError
+from quantize.errors import CalibrationError, first_line
 from quantize.run.files import atomic_write_json, sha256_file
 from quantize.run.results import CalibrationSummary
 from quantize.spec.paths import contained
@@ -48,8 +48,9 @@ def resolve_spec(recipe: Recipe, dataset: str | None) -> tuple[CalibrationSpec, 
     if p.suffix in (".yaml", ".yml") or (not p.exists() and "/" not in dataset):
         return load_calibration(str(resolve("calibration", dataset)))
     if not p.exists():
-        raise CalibrationError(f"dataset {dataset!r}: no such file or folder; give a "
-                               ".txt/.jsonl/.parquet file or folder, a spec name, or hf:<id>")
+        raise CalibrationError(problem=f"dataset {dataset!r}: no such file or folder",
+                               hint="give a .txt/.jsonl/.parquet file or folder, a spec name, "
+                                    "or hf:<id>")
     return _cli_spec(base, path=str(p.resolve())), Path.cwd()
 
 
@@ -66,7 +67,8 @@ def _data_path(spec: CalibrationSpec, base_dir: Path) -> Path:
     path = contained(base_dir, spec.path, spec.allow_external_path, "calibration path",
                      "the spec's folder")
     if not path.exists():
-        raise CalibrationError(f"calibration path {path} does not exist; fix `path:`")
+        raise CalibrationError(problem=f"calibration path {path} does not exist",
+                               hint="fix `path:`")
     return path
 
 
@@ -74,8 +76,9 @@ def _read_txt(path: Path) -> list[str]:
     try:
         raw = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise CalibrationError(f"{path} is not UTF-8 text (byte {exc.start}); convert it to "
-                               "UTF-8") from None
+        raise CalibrationError(path=path, path_sep=" ",
+                               problem=f"is not UTF-8 text (byte {exc.start})",
+                               hint="convert it to UTF-8") from None
     return [line.strip() for line in raw.splitlines() if line.strip()]
 
 
@@ -86,19 +89,23 @@ def _read_records(path: Path, field: str) -> list[str]:
         try:
             table = pq.read_table(path)
         except Exception as exc:
-            raise CalibrationError(f"{path}: cannot read parquet ({exc})") from None
+            raise CalibrationError(path=path,
+                                   problem=f"cannot read parquet ({first_line(exc)})") from None
         if field not in table.column_names:
-            raise CalibrationError(f"{path} has no column {field!r} (columns: "
-                                   f"{table.column_names}); set text_field")
+            raise CalibrationError(path=path, path_sep=" ", hint="set text_field",
+                                   problem=f"has no column {field!r} (columns: "
+                                           f"{table.column_names})")
         return [str(x) for x in table.column(field).to_pylist() if x]
     texts = []
     for i, line in enumerate(_read_txt(path), 1):
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
-            raise CalibrationError(f"{path}:{i}: not a JSON line; fix or remove it") from None
+            raise CalibrationError(path=path, line=i, problem="not a JSON line",
+                                   hint="fix or remove it") from None
         if not isinstance(rec, dict) or field not in rec:
-            raise CalibrationError(f"{path}:{i}: no field {field!r}; set text_field")
+            raise CalibrationError(path=path, line=i, problem=f"no field {field!r}",
+                                   hint="set text_field")
         if rec[field]:
             texts.append(str(rec[field]))
     return texts
@@ -109,7 +116,8 @@ def _read_file(path: Path, field: str) -> list[str]:
         return _read_txt(path)
     if path.suffix in (".jsonl", ".json", ".parquet"):
         return _read_records(path, field)
-    raise CalibrationError(f"{path}: unsupported file type; use .txt, .jsonl or .parquet")
+    raise CalibrationError(path=path, problem="unsupported file type",
+                           hint="use .txt, .jsonl or .parquet")
 
 
 def _read_hub(spec: CalibrationSpec) -> list[str]:
@@ -127,7 +135,8 @@ def source_files(spec: CalibrationSpec, base_dir: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.suffix in _TEXT_SUFFIXES and p.is_file())
         if not files:
-            raise CalibrationError(f"{path} holds no .txt/.jsonl/.parquet files")
+            raise CalibrationError(path=path, path_sep=" ",
+                                   problem="holds no .txt/.jsonl/.parquet files")
         return files
     return [path]
 
@@ -138,8 +147,8 @@ def read_texts(spec: CalibrationSpec, base_dir: Path) -> list[str]:
     else:
         texts = [t for f in source_files(spec, base_dir) for t in _read_file(f, spec.text_field)]
     if not texts:
-        raise CalibrationError(f"calibration source of spec {spec.name!r} holds no text; "
-                               "point it at a non-empty file")
+        raise CalibrationError(problem=f"calibration source of spec {spec.name!r} holds no text",
+                               hint="point it at a non-empty file")
     return texts
 
 
@@ -157,8 +166,8 @@ def tokenize(spec: CalibrationSpec, texts: list[str], tokenizer: Any) -> list[li
     random.Random(spec.seed).shuffle(order)
     if spec.chat_template:
         if not getattr(tokenizer, "chat_template", None):
-            raise CalibrationError("chat_template: true but the tokenizer has no chat "
-                                   "template; set chat_template: false")
+            raise CalibrationError(problem="chat_template: true but the tokenizer has no chat "
+                                           "template", hint="set chat_template: false")
         order = [tokenizer.apply_chat_template([{"role": "user", "content": t}],
                                                tokenize=False) for t in order]
     need = spec.num_samples * spec.seq_len
@@ -171,9 +180,9 @@ def tokenize(spec: CalibrationSpec, texts: list[str], tokenizer: Any) -> list[li
                 break
         if len(ids) < need:
             raise CalibrationError(
-                f"calibration text has {len(ids)} tokens but the spec needs {need} "
-                f"({spec.num_samples} samples × {spec.seq_len}); lower num_samples or "
-                "seq_len, or add text")
+                problem=f"calibration text has {len(ids)} tokens but the spec needs {need} "
+                        f"({spec.num_samples} samples × {spec.seq_len})",
+                hint="lower num_samples or seq_len, or add text")
         # Each window starts with BOS, as the model saw in training.
         body = spec.seq_len - len(bos)
         return [bos + ids[i * body:(i + 1) * body] for i in range(spec.num_samples)]
@@ -185,8 +194,9 @@ def tokenize(spec: CalibrationSpec, texts: list[str], tokenizer: Any) -> list[li
             samples.append(tok)
         if len(samples) == spec.num_samples:
             return samples
-    raise CalibrationError(f"only {len(samples)} texts are long enough, the spec needs "
-                           f"{spec.num_samples}; lower num_samples or set packing: true")
+    raise CalibrationError(problem=f"only {len(samples)} texts are long enough, the spec needs "
+                                   f"{spec.num_samples}",
+                           hint="lower num_samples or set packing: true")
 
 
 def fingerprint(samples: list[list[int]]) -> str:

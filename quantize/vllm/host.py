@@ -84,8 +84,9 @@ def find_vllm_python(explicit: str | Path | None = None) -> Path | None:
     if given:
         p = Path(given).expanduser()
         if not p.is_file():
-            raise VerifyError(f"--vllm-python {p} does not exist; give the python of an "
-                              "environment with vLLM, or run `make vllm-env`")
+            raise VerifyError(problem=f"--vllm-python {p} does not exist",
+                              hint="give the python of an environment with vLLM, or run "
+                                   "`make vllm-env`")
         return p
     for root in (PROJECT_ROOT, Path.cwd()):
         p = root / DEFAULT_VLLM_VENV / "bin" / "python"

@@ -249,18 +249,25 @@ def test_errors_never_carry_the_token(run_dir: Path, hub: FakeHub) -> None:
 
 def test_a_wrong_token_or_namespace_is_explained(run_dir: Path, hub: FakeHub,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(PublishError, match="may not write to 'other-org'"):
+    with pytest.raises(PublishError) as err:
         publish(opts(run_dir, org="other-org"))
+    assert err.value.problem is not None and err.value.problem.startswith(
+        "publishing other-org/")
+    assert err.value.hint is not None and err.value.hint.startswith(
+        "the token may not write to 'other-org'")
     monkeypatch.setenv("HF_TOKEN", "hf_WrongTokenWrongToken123")
-    with pytest.raises(PublishError, match="refused the token") as err:
+    with pytest.raises(PublishError) as err:
         publish(opts(run_dir))
+    assert err.value.hint is not None and err.value.hint.startswith("the Hub refused the token")
     assert "WrongToken" not in str(err.value)
 
 
 def test_failed_gate_is_refused_before_any_request(run_dir: Path, hub: FakeHub) -> None:
     write_eval_gate(run_dir, fail=True)
-    with pytest.raises(PublishError, match="gate failed on wiki_ppl"):
+    with pytest.raises(PublishError) as err:
         publish(opts(run_dir))
+    assert err.value.problem == "the release gate failed on wiki_ppl"
+    assert err.value.hint is not None and "--force" in err.value.hint
     assert hub.requests == []
     res = publish(opts(run_dir, force=True, private=False))
     card = hub.files(REPO)["README.md"].data.decode()

@@ -43,13 +43,14 @@ class EvalEngineRequest:
 
     def check(self) -> None:
         if self.engine not in (None, "hf", "vllm", "auto"):
-            raise EvalError(f"unknown engine {self.engine!r}; use hf, vllm or auto")
+            raise EvalError(problem=f"unknown engine {self.engine!r}", hint="use hf, vllm or auto")
         if self.kv_cache_dtype not in KV_DTYPES:
-            raise EvalError(f"--kv-cache-dtype {self.kv_cache_dtype}: use one of "
-                            f"{', '.join(KV_DTYPES)}")
+            raise EvalError(problem=f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}",
+                            hint=f"use one of {', '.join(KV_DTYPES)}")
         if self.engine == "hf" and (self.tp != 1 or self.kv_cache_dtype != "auto"):
-            raise EvalError("--tp and --kv-cache-dtype apply to --engine vllm only; "
-                            "transformers evaluates on one device with a dense KV cache")
+            raise EvalError(problem="--tp and --kv-cache-dtype apply to --engine vllm only",
+                            hint="drop them: transformers evaluates on one device with a dense "
+                                 "KV cache")
 
 
 class EngineKey(TypedDict):
@@ -116,9 +117,9 @@ def auto_rule(kv_quantized: bool, need: int, free: int, vllm_problem: str | None
     if need > free:
         if vllm_problem is None:
             return "vllm", f"the dense model does not fit in transformers ({fits})"
-        raise EvalError(f"evaluating in transformers needs the dense model ({fits}) and vLLM "
-                        f"cannot be used ({vllm_problem}); run `make vllm-env` or use a "
-                        "machine with more memory")
+        raise EvalError(problem=f"evaluating in transformers needs the dense model ({fits}) "
+                                f"and vLLM cannot be used ({vllm_problem})",
+                        hint="run `make vllm-env` or use a machine with more memory")
     return "hf", f"the KV cache is not quantized and the dense model fits ({fits})"
 
 
@@ -131,8 +132,8 @@ def check_tp(tp: int, host: Any) -> None:
     n = visible_devices(host)
     if tp > n:
         where = f"{n} GPU(s)" if host.device == "cuda" else "the CPU backend (1 device)"
-        raise EvalError(f"--tp {tp} is larger than the devices vLLM sees on this host "
-                        f"({where}); use --tp {n} or a host with {tp} GPUs")
+        raise EvalError(problem=f"--tp {tp} is larger than the devices vLLM sees on this host "
+                                f"({where})", hint=f"use --tp {n} or a host with {tp} GPUs")
 
 
 def vllm_problem(host: Any, candidate: Path, kv_cache_dtype: str) -> str | None:
@@ -167,11 +168,11 @@ def choose(req: EvalEngineRequest, candidate: Path, model_path: Path, kv_quantiz
     problem = vllm_problem(host, candidate, req.kv_cache_dtype)
     if requested == "vllm":
         if host.vllm_python is None or host.problem:
-            raise EvalError(f"--engine vllm: {host.problem or 'no vLLM environment'}; run "
-                            "`make vllm-env` (or use --engine hf)")
+            raise EvalError(problem=f"--engine vllm: {host.problem or 'no vLLM environment'}",
+                            hint="run `make vllm-env` (or use --engine hf)")
         if problem:
-            raise EvalError(f"--engine vllm: this host's vLLM cannot run the candidate "
-                            f"({problem}); use --engine hf")
+            raise EvalError(problem=f"--engine vllm: this host's vLLM cannot run the "
+                                    f"candidate ({problem})", hint="use --engine hf")
         name, reason = "vllm", "asked for (--engine vllm or eval.engine: vllm)"
     else:
         name, reason = auto_rule(kv_quantized, need, free, problem)
@@ -184,6 +185,6 @@ def choose(req: EvalEngineRequest, candidate: Path, model_path: Path, kv_quantiz
 
 def _hf(req: EvalEngineRequest, requested: str, reason: str) -> EngineChoice:
     if req.tp != 1 or req.kv_cache_dtype != "auto":
-        raise EvalError(f"auto chose transformers ({reason}); --tp and --kv-cache-dtype "
-                        "need --engine vllm")
+        raise EvalError(problem=f"auto chose transformers ({reason})",
+                        hint="--tp and --kv-cache-dtype need --engine vllm")
     return EngineChoice("hf", requested, reason)

@@ -78,7 +78,8 @@ def resolve_base(run: RunFiles, base_model: str | None, license_: str | None) ->
     known = KNOWN_BASES.get(source, {})
     repo_id = base_model or known.get("repo_id") or _repo_from_cache_path(path)
     if repo_id is not None and "/" not in repo_id:
-        raise PublishError(f"--base-model {repo_id!r} is not a Hub id; give it as org/name")
+        raise PublishError(problem=f"--base-model {repo_id!r} is not a Hub id",
+                           hint="give it as org/name")
     lic: dict[str, str] = {}
     if license_:
         lic = {"license": license_}

@@ -18,7 +18,7 @@ from quantize.run.files import atomic_write_json, hash_tree, now, pause_point
 from quantize.run.lock import private_dir, run_lock
 from quantize.stages.publish.base import resolve_base
 from quantize.stages.publish.hub import endpoint, online_token, upload
-from quantize.stages.publish.messages import warn
+from quantize.stages.publish.messages import refused, warn
 from quantize.stages.publish.repo import card_inputs, provenance, repo_id_for, write_repo
 from quantize.stages.publish.run_files import RunFiles, read_run
 
@@ -86,8 +86,8 @@ def _refuse_or_force(run: RunFiles, force: bool) -> bool:
     if run.refusal and not force:
         fix = ("run `quantize gate RUN` (it evaluates first)" if run.gate is None else
                "try a gentler recipe")
-        raise PublishError(f"refused: {run.refusal}; {fix}, or pass --force to publish "
-                           "anyway (the card will say so)")
+        raise refused(run.refusal, f"{fix}, or pass --force to publish anyway (the card will "
+                      "say so)")
     return bool(run.refusal)
 
 
@@ -96,7 +96,8 @@ def publish(opts: PublishOptions) -> PublishResult:
 
     run_dir = opts.run
     if not run_dir.is_dir():
-        raise PublishError(f"{run_dir} does not exist; give a run folder (runs/<model>-<recipe>)")
+        raise PublishError(path=run_dir, path_sep=" ", problem="does not exist",
+                           hint="give a run folder (runs/<model>-<recipe>)")
     with run_lock(run_dir):
         run = read_run(run_dir)
         forced = _refuse_or_force(run, opts.force)
@@ -115,7 +116,8 @@ def publish(opts: PublishOptions) -> PublishResult:
         dry_out = opts.out if opts.dry_run else None
         folder = dry_out or run_dir / NAME / opts.org / repo_id.split("/")[1]
         if dry_out and folder.exists() and any(folder.iterdir()):
-            raise PublishError(f"--out {folder} exists and is not empty; give a new folder")
+            raise PublishError(problem=f"--out {folder} exists and is not empty",
+                               hint="give a new folder")
         if dry_out is None:
             # <run>/publish holds what goes to (possibly private) repos with the token, and
             # the record of each push: user-only

@@ -39,8 +39,9 @@ def hub_token() -> str:
 
     token = get_token()
     if not token:
-        raise PublishError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (a "
-                           "token with write access to the organisation); or use --dry-run")
+        raise PublishError(problem="no Hugging Face token",
+                           hint="set HF_TOKEN or run `hf auth login` (a token with write "
+                                "access to the organisation), or use --dry-run")
     return token
 
 
@@ -49,8 +50,8 @@ def online_token() -> str:
     from huggingface_hub import constants
 
     if constants.is_offline_mode():
-        raise PublishError("HF_HUB_OFFLINE is set, so nothing can be uploaded; unset it, or "
-                           "use --dry-run")
+        raise PublishError(problem="HF_HUB_OFFLINE is set, so nothing can be uploaded",
+                           hint="unset it, or use --dry-run")
     return hub_token()
 
 
@@ -121,17 +122,24 @@ def _hint(exc: BaseException, repo_id: str) -> str | None:
     return None
 
 
-def explain(exc: BaseException, repo_id: str, token: str | None) -> str:
-    """One line for a failed upload, without the token."""
+def failure(exc: BaseException, repo_id: str, token: str | None) -> PublishError:
+    """A failed upload in one line, without the token: what failed (`problem`, the client's
+    first line) and, where the answer tells, what to do (`hint`, in brackets)."""
     from huggingface_hub.errors import HfHubHTTPError
 
     detail = first_line(exc)
     server = exc.server_message if isinstance(exc, HfHubHTTPError) else None
     if detail.endswith(":") and server:  # e.g. "Bad request:", the reason on the next line
         detail += " " + first_line(ValueError(server))
+    problem = redact(f"publishing {repo_id} failed: {detail}", token)
     hint = _hint(exc, repo_id)
-    msg = f"publishing {repo_id} failed: {detail}" + (f" ({hint})" if hint else "")
-    return redact(msg, token)
+    hint = redact(hint, token) if hint else None
+    return PublishError(problem + (f" ({hint})" if hint else ""), problem=problem, hint=hint)
+
+
+def explain(exc: BaseException, repo_id: str, token: str | None) -> str:
+    """One line for a failed upload, without the token."""
+    return str(failure(exc, repo_id, token))
 
 
 # --- the upload ----------------------------------------------------------------------------
@@ -182,7 +190,7 @@ def upload(folder: Path, repo_id: str, *, private: bool, token: str, message: st
             return _push_once(api, folder, repo_id, private, message, description, first_head)
         except Exception as exc:  # any message may quote the token: all are redacted
             if not is_transient(exc) or attempt == retries:
-                raise PublishError(explain(exc, repo_id, token)) from None
+                raise failure(exc, repo_id, token) from None
             wait = backoff_s * 2 ** (attempt - 1)
             warn(redact(f"transient Hub error ({type(exc).__name__}: "
                         f"{(str(exc).splitlines() or [''])[0]}); retry {attempt}/{retries - 1} "

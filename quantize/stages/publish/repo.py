@@ -36,9 +36,10 @@ def repo_id_for(org: str, name: str | None, base: BaseInfo, recipe: Recipe) -> s
     repo = name or default_repo_name(base.name, recipe)
     for what, value in (("--org", org), ("--name", repo)):
         if not _HUB_NAME.match(value) or "--" in value or ".." in value:
-            raise PublishError(f"{what} {value!r} is not a valid Hub name: use letters, digits, "
-                               "'-', '_' and '.', at most 96 characters, no '--' or '..', "
-                               "starting and ending with a letter or digit")
+            raise PublishError(problem=f"{what} {value!r} is not a valid Hub name",
+                               hint="use letters, digits, '-', '_' and '.', at most 96 "
+                                    "characters, no '--' or '..', starting and ending with a "
+                                    "letter or digit")
     return f"{org}/{repo}"
 
 

@@ -22,13 +22,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from quantize.errors import ExportError, PublishError, QuantizeError
+from quantize.errors import ExportError, QuantizeError
 from quantize.model.config import ModelConfig
 from quantize.run.files import check_tree
 from quantize.run.manifest import MANIFEST, ExportManifest, Manifest, RunFolder
 from quantize.spec.recipe import Recipe
 from quantize.spec.yamlio import parse_model
-from quantize.stages.publish.messages import redact, warn
+from quantize.stages.publish.messages import redact, refused, refused_by, warn
 
 Json = dict[str, Any]  # a result file as its stage wrote it (shipped verbatim, scrubbed)
 
@@ -60,13 +60,13 @@ def _json(path: Path, what: str) -> Json:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise PublishError(f"refused: {what} {path} is missing; re-run the stage that "
-                           "writes it") from None
+        raise refused(f"{what} {path} is missing", "re-run the stage that writes it",
+                      path) from None
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise PublishError(f"refused: {what} {path} is not valid JSON; re-run the stage "
-                           "that writes it") from None
+        raise refused(f"{what} {path} is not valid JSON", "re-run the stage that writes it",
+                      path) from None
     if not isinstance(data, dict):
-        raise PublishError(f"refused: {what} {path} is not a JSON object; re-run its stage")
+        raise refused(f"{what} {path} is not a JSON object", "re-run its stage", path)
     return data
 
 
@@ -75,19 +75,18 @@ def _check_stage_files(folder: RunFolder, manifest: Manifest, stage: str) -> Non
     try:
         check_tree(folder.stage_dir(stage), rec.outputs if rec else {}, stage)
     except ExportError as exc:
-        raise PublishError(f"refused: {exc}") from None
+        raise refused_by(exc) from None
 
 
 def _check_metrics(ev: Json, path: Path) -> None:
     need = ("name", "baseline", "candidate", "recovery", "threshold")
     rows = ev.get("metrics")
     if not isinstance(rows, list) or not rows:
-        raise PublishError(f"refused: {path} has no `metrics` list; re-run the eval stage")
+        raise refused(f"{path} has no `metrics` list", "re-run the eval stage", path)
     for row in rows:
         missing = [k for k in need if not isinstance(row, dict) or row.get(k) is None]
         if missing:
-            raise PublishError(f"refused: {path}: a metric lacks {missing}; re-run the eval "
-                               "stage")
+            raise refused(f"{path}: a metric lacks {missing}", "re-run the eval stage", path)
 
 
 def _read_eval_gate(folder: RunFolder, manifest: Manifest, export_key: str
@@ -98,19 +97,19 @@ def _read_eval_gate(folder: RunFolder, manifest: Manifest, export_key: str
     if ev_rec is not None:
         _check_stage_files(folder, manifest, "eval")
         if ev_rec.inputs.get("export") not in (None, export_key):
-            raise PublishError("refused: the eval results belong to an older export; re-run "
-                               "`quantize run` to evaluate the current one")
+            raise refused("the eval results belong to an older export",
+                          "re-run `quantize run` to evaluate the current one")
         path = folder.stage_dir("eval") / "eval.json"
         ev = _json(path, "eval result")
         _check_metrics(ev, path)
     if gate_rec is not None:
         if ev_rec is None:
-            raise PublishError("refused: the run has a gate result but no eval result; "
-                               "re-run `quantize run`")
+            raise refused("the run has a gate result but no eval result",
+                          "re-run `quantize run`")
         _check_stage_files(folder, manifest, "gate")
         if gate_rec.inputs.get("eval") not in (None, ev_rec.key):
-            raise PublishError("refused: the gate result belongs to an older eval; re-run "
-                               "`quantize run` to gate the current one")
+            raise refused("the gate result belongs to an older eval",
+                          "re-run `quantize run` to gate the current one")
         gate = _json(folder.stage_dir("gate") / "gate.json", "gate result")
     if gate is None:
         return ev, None, "the run has not been evaluated and gated"
@@ -133,26 +132,24 @@ def _read_verify(folder: RunFolder, manifest: Manifest, export_key: str) -> Json
                  "`not verified`; re-run `quantize verify` on the run")
         return None
     if rec.inputs["export"] != export_key:
-        raise PublishError("refused: the verify result belongs to an older export; re-run "
-                           "`quantize verify`")
+        raise refused("the verify result belongs to an older export", "re-run `quantize verify`")
     _check_stage_files(folder, manifest, "verify")
     result = _json(path, "verify result")
     if result.get("passed") is False:
         why = result.get("result") or result.get("error") or "see verify.json"
-        raise PublishError(redact(f"refused: verification at level {result.get('level')!r} "
-                                  f"failed ({why}); fix the export and re-run `quantize "
-                                  "verify`", None))
+        raise refused(redact(f"verification at level {result.get('level')!r} failed ({why})",
+                             None), "fix the export and re-run `quantize verify`")
     return result
 
 
 def _read_manifest(folder: RunFolder) -> Manifest:
     if not folder.is_run():
-        raise PublishError(f"refused: {folder.path} is not a run folder (no {MANIFEST}); give "
-                           "the folder `quantize run` wrote (runs/<model>-<recipe>)")
+        raise refused(f"{folder.path} is not a run folder (no {MANIFEST})",
+                      "give the folder `quantize run` wrote (runs/<model>-<recipe>)", folder.path)
     try:
         return folder.read()
     except ExportError as exc:
-        raise PublishError(f"refused: {exc}") from None
+        raise refused_by(exc) from None
 
 
 def _read_export_manifest(path: Path) -> tuple[ExportManifest, Json]:
@@ -161,8 +158,8 @@ def _read_export_manifest(path: Path) -> tuple[ExportManifest, Json]:
         return ExportManifest.model_validate(raw), raw
     except ValidationError as exc:
         where = ".".join(str(x) for x in exc.errors()[0]["loc"])
-        raise PublishError(f"refused: {path} is not an export manifest this version reads "
-                           f"({where}: {exc.errors()[0]['msg']}); re-export the run") from None
+        raise refused(f"{path} is not an export manifest this version reads ({where}: "
+                      f"{exc.errors()[0]['msg']})", "re-export the run", path) from None
 
 
 def read_run(run_dir: Path) -> RunFiles:
@@ -173,23 +170,23 @@ def read_run(run_dir: Path) -> RunFiles:
     manifest = _read_manifest(folder)
     export_rec = manifest.stage("export")
     if export_rec is None:
-        raise PublishError(f"refused: {run_dir} has no finished export; run `quantize export` "
-                           "(or `quantize run`) first")
+        raise refused(f"{run_dir} has no finished export",
+                      "run `quantize export` (or `quantize run`) first", run_dir)
     export = folder.export
     _check_stage_files(folder, manifest, "export")
     try:
         config = check_checkpoint(export)
     except ExportError as exc:
-        raise PublishError(f"refused: {exc}") from None
+        raise refused_by(exc) from None
     recipe_path = export / "recipe.yaml"
     if not recipe_path.is_file():
-        raise PublishError(f"refused: {recipe_path} is missing; re-export the run")
+        raise refused(f"{recipe_path} is missing", "re-export the run", recipe_path)
     recipe_text = recipe_path.read_text(encoding="utf-8")
     try:
         recipe: Recipe = parse_model(Recipe, recipe_text, str(recipe_path))
     except QuantizeError as exc:
-        raise PublishError(f"refused: the run's recipe no longer parses ({exc}); re-run "
-                           "with the current recipe") from None
+        raise refused(f"the run's recipe no longer parses ({exc})",
+                      "re-run with the current recipe", recipe_path) from None
     export_manifest, export_manifest_json = _read_export_manifest(export / MANIFEST)
     ev, gate, refusal = _read_eval_gate(folder, manifest, export_rec.key)
     verify = _read_verify(folder, manifest, export_rec.key)

@@ -69,13 +69,14 @@ def verify_decode(ckpt: Path, config: ModelConfig, tol: DecodeTolerance) -> Leve
     quant = read_quant_config(config)
     if quant is not None and quant.native and config_is_moe(config):
         raise VerifyError(
-            f"{ckpt}: the exact decode has no loader for native {quant.method.upper()} "
+            path=ckpt,
+            problem=f"the exact decode has no loader for native {quant.method.upper()} "
             "mixture-of-experts checkpoints: transformers 5.17 fuses the experts into 3-D "
             "tensors its GPTQ/AWQ loader never fills (they stay at random init: cosine 0.002 "
             "with the stored weights on the tiny Qwen3-MoE), and GPTQModel's own loader rounds "
-            "the scales to bf16 (2.8e-3 per weight, up to 1.19 nats); verify it in vLLM on a "
-            "GPU, or use the compressed-tensors recipe (gptq-int4, awq-int4), which this check "
-            "covers")
+            "the scales to bf16 (2.8e-3 per weight, up to 1.19 nats)",
+            hint="verify it in vLLM on a GPU, or use the compressed-tensors recipe (gptq-int4, "
+                 "awq-int4), which this check covers")
     cand = load_hf(ckpt)
     ref, decoded = decode.build_reference(ckpt, config)
     worst = ("", 0.0)

@@ -76,7 +76,7 @@ def run(checkpoint: Path, out: Path, opts: VerifyOptions, host: vhost.Host | Non
     if moe_limit:  # a limit of this host, not of the checkpoint: the exact decode decides
         ok = support.Support(False, f"not verifiable in vLLM on this host ({moe_limit})")
     if opts.level == "vllm" and (host.vllm_python is None or host.problem):
-        raise VerifyError(f"--level vllm: {host.problem}")
+        raise VerifyError(problem=f"--level vllm: {host.problem}")
     summary = VerifySummary(
         checkpoint=str(checkpoint.resolve()), format=fmt.label,
         host=host.describe(), tp=tp, kv_cache_dtype=kv,

@@ -30,8 +30,10 @@ def resolve_target(path: Path) -> tuple[Path, Path | None]:
         return path / "export", path
     if config_path(path).is_file():
         return path, None
-    raise VerifyError(f"{path} is neither a run folder (with export/) nor a checkpoint folder "
-                      "(with config.json); give `runs/<name>` or an export folder")
+    raise VerifyError(path=path, path_sep=" ",
+                      problem="is neither a run folder (with export/) nor a checkpoint folder "
+                              "(with config.json)",
+                      hint="give `runs/<name>` or an export folder")
 
 
 def checkpoint_config(ckpt: Path) -> ModelConfig:

@@ -27,40 +27,50 @@ def test_one_process_is_always_fine() -> None:
 
 @pytest.mark.parametrize("recipe", ["rtn-int4", "fp8-dynamic"])
 def test_data_free_recipes_have_nothing_to_split(recipe: str) -> None:
-    with pytest.raises(NotImplementedFeature, match=rf"recipe {recipe} needs no calibration "
-                                                    r"data, .*drop --gpus .*gptq, awq, and "
-                                                    r"rtn with static"):
+    with pytest.raises(NotImplementedFeature) as info:
         d.check_support(load_recipe(recipe), "cuda", 2, visible_gpus=8)
+    assert info.value.problem == (f"recipe {recipe} needs no calibration data, so --gpus 2 has "
+                                  "nothing to split across processes")
+    hint = info.value.hint or ""
+    assert hint.startswith("drop --gpus") and "gptq, awq, and rtn with static" in hint
 
 
 def test_other_engines_are_refused() -> None:
     r = load_recipe("gptq-int4").model_copy(update={"backend": "gptqmodel"})
-    with pytest.raises(NotImplementedFeature, match=r"backend gptqmodel has no distributed "
-                                                    r"calibration"):
+    with pytest.raises(NotImplementedFeature) as info:
         d.check_support(r, "cuda", 2, visible_gpus=2)
+    assert info.value.problem == "--gpus 2: backend gptqmodel has no distributed calibration here"
+    assert info.value.hint is not None and "backend: llmcompressor" in info.value.hint
 
 
 def test_more_gpus_than_visible() -> None:
-    with pytest.raises(QuantizeError, match=r"--gpus 4 but 2 CUDA GPU\(s\) are visible; use "
-                                            r"--gpus 2 or fewer"):
+    with pytest.raises(QuantizeError) as info:
         d.check_support(load_recipe("gptq-int4"), "cuda", 4, visible_gpus=2)
+    assert info.value.problem == "--gpus 4 but 2 CUDA GPU(s) are visible"
+    assert info.value.hint is not None and info.value.hint.startswith("use --gpus 2 or fewer")
 
 
 def test_cpu_runs_gptq_only() -> None:
     d.check_support(load_recipe("gptq-int4"), "cpu", 2)
-    with pytest.raises(NotImplementedFeature, match=r"on CPU \(gloo\) supports method gptq "
-                                                    r"without smoothquant; method awq: .*"
-                                                    r"accelerator"):
+    with pytest.raises(NotImplementedFeature) as info:
         d.check_support(load_recipe("awq-int4"), "cpu", 2)
-    with pytest.raises(NotImplementedFeature, match=r"smoothquant: .*rescales it in place"):
+    problem = info.value.problem or ""
+    assert problem.startswith("--gpus 2 on CPU (gloo) supports method gptq without "
+                              "smoothquant; method awq: ") and "accelerator" in problem
+    assert info.value.hint == "use a GPU machine, or drop --gpus"
+    with pytest.raises(NotImplementedFeature) as info:
         d.check_support(load_recipe("w8a8-int8"), "cpu", 2)
+    problem = info.value.problem or ""
+    assert "; smoothquant: " in problem and problem.endswith("rescales it in place on every rank")
 
 
 def test_at_least_one_sample_per_process() -> None:
     d.check_samples(2, 2)
-    with pytest.raises(QuantizeError, match=r"--gpus 4 needs at least 4 calibration samples "
-                                            r"\(one per process\) and the set has 3"):
+    with pytest.raises(QuantizeError) as info:
         d.check_samples(3, 4)
+    assert info.value.problem == ("--gpus 4 needs at least 4 calibration samples (one per "
+                                  "process) and the set has 3")
+    assert info.value.hint is not None and "num_samples" in info.value.hint
 
 
 @pytest.mark.parametrize(("n", "world"), [(128, 2), (127, 2), (32, 3), (5, 4), (64, 8)])

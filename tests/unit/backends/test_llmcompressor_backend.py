@@ -82,8 +82,10 @@ def test_batch_size_over_one_refuses_unequal_samples() -> None:
     from quantize.backends import resolve_batch_size
     from quantize.errors import RecipeError
 
-    with pytest.raises(RecipeError, match="equal-length calibration samples"):
+    with pytest.raises(RecipeError) as info:
         resolve_batch_size(8, "cuda", [[1] * 16, [1] * 9])
+    assert info.value.problem == "batch_size 8 needs equal-length calibration samples"
+    assert info.value.hint is not None and "batch_size: 1" in info.value.hint
 
 
 def _recipe(text: str):  # type: ignore[no-untyped-def]

@@ -129,9 +129,12 @@ def test_block_fp8_refuses_inputs_its_activation_groups_cannot_split(recipe_file
     noqkv = load_recipe(str(recipe_file(
         "name: x\ndescription: d\nmethod: rtn\nscheme: FP8_BLOCK\n"
         "ignore: [lm_head, 're:.*q_proj$', 're:.*k_proj$', 're:.*v_proj$']\n")))
-    with pytest.raises(PreflightError, match=r"o_proj: in_features 576 is not a multiple of "
-                                             r"128: block FP8 quantizes activations"):
+    with pytest.raises(PreflightError) as info:
         preflight.check(noqkv, SMOL)
+    problem, hint = info.value.problem or "", info.value.hint or ""
+    assert re.match(r"model\.layers\.\d+\.self_attn\.o_proj: in_features 576 is not a multiple "
+                    r"of 128: block FP8 quantizes activations", problem)
+    assert hint == "add o_proj to `ignore`, or use fp8-dynamic (per channel)"
 
 
 def test_block_fp8_checks_tensor_parallel_shards(recipe_file) -> None:  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ each placement and process count turns into."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +47,21 @@ def test_short_ram_with_weights_that_fit_under_the_cap_keeps_them_in_ram() -> No
 
 
 def test_refused_when_the_disk_cannot_take_the_rest() -> None:
-    with pytest.raises(PlacementError, match=r"offloading the rest to disk needs about "
-                                             r"[\d.]+ GiB where 100\.0 GiB is free"):
+    with pytest.raises(PlacementError) as info:
         choose_host(need=2025 * GiB, weights=810 * GiB, free=512 * GiB, disk_free=100 * GiB)
+    assert re.fullmatch(r"host RAM is short \(512\.0 GiB free, about 2025\.0 GiB needed\) and "
+                        r"offloading the rest to disk needs about [\d.]+ GiB where 100\.0 GiB "
+                        r"is free", info.value.problem or "")
+    assert info.value.hint is not None and info.value.hint.startswith("free disk space")
 
 
 def test_refused_when_ram_cannot_even_hold_the_engine() -> None:
-    with pytest.raises(PlacementError, match="too little even to offload weights to disk"):
+    with pytest.raises(PlacementError) as info:
         choose_host(need=10 * GiB, weights=4 * GiB, free=2 * GiB, disk_free=1000 * GiB)
+    problem = info.value.problem or ""
+    assert problem.startswith("quantizing needs about 10.0 GiB of host RAM and only 2.0 GiB is "
+                              "free, too little even to offload weights to disk")
+    assert info.value.hint == "close other programs or use a machine with more memory"
 
 
 def test_several_processes_are_capped_by_shared_memory(monkeypatch: pytest.MonkeyPatch,
@@ -104,9 +112,11 @@ def test_where_says_what_happens() -> None:
 
 
 def test_several_cpu_processes_with_disk_offload_are_refused() -> None:
-    with pytest.raises(NotImplementedFeature, match=r"--gpus 2 on CPU with weights offloaded "
-                                                    r"to disk .* not supported"):
+    with pytest.raises(NotImplementedFeature) as info:
         load_plan("cpu", "resident", "disk", 2, 7, OFF)
+    assert info.value.problem == ("--gpus 2 on CPU with weights offloaded to disk (host RAM is "
+                                  "short) is not supported")
+    assert info.value.hint is not None and "drop --gpus" in info.value.hint
 
 
 # --- through the memory check: a 70B model on one 80 GB GPU and a 64 GiB host ------------
@@ -129,5 +139,7 @@ def test_70b_on_one_gpu_and_a_small_host_onloads_from_ram_and_disk(
                      facts["host_cpu_budget_bytes"], tmp_path / ".offload")
     assert plan.kwargs["device_map"] == "auto_offload"
     # without an offload folder the old rule stands: refuse
-    with pytest.raises(resources.ResourceError, match="host RAM"):
+    with pytest.raises(resources.ResourceError) as info:
         resources.check_memory(meta, r, cfg, "cuda", [[0] * 2048] * 16, 1)
+    assert re.fullmatch(r"quantizing this model needs about [\d.]+ GiB of host RAM and 64\.0 "
+                        r"GiB is free", info.value.problem or "")

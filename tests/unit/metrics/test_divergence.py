@@ -83,11 +83,17 @@ def test_kl_divergence_refuses_a_missing_or_stale_reference(tiny_model: Path) ->
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-    with pytest.raises(EvalError, match="reference distribution is missing"):
+    with pytest.raises(EvalError) as err:
         divergence(model, tok, _spec(), Score(value=0.0, n=1, seconds=0.0))
+    assert err.value.problem is not None and err.value.problem.startswith(
+        f"metric {_spec().name}: the baseline's reference distribution is missing")
+    assert err.value.hint is not None and "baseline cache" in err.value.hint
     ref = reference(model, tok, _spec(top_k=4))
-    with pytest.raises(EvalError, match="covers 196 positions, these windows 98"):
+    with pytest.raises(EvalError) as err:
         divergence(model, tok, _spec(top_k=4, max_tokens=100), ref)
+    assert err.value.problem == (f"metric {_spec().name}: the baseline's reference covers 196 "
+                                 "positions, these windows 98")
+    assert err.value.hint is not None and err.value.hint.startswith("rerun eval")
 
 
 def _mc(choices: list[int], right: list[float]) -> Score:
@@ -102,5 +108,8 @@ def test_answer_flips_count_changed_answers_and_their_direction() -> None:
     assert items == [0, 1, 1, 0, 0, 1] and rate == 0.5
     assert settings == {"of": "a, b", "items": 6, "right_to_wrong": 2, "wrong_to_right": 1}
     old = {"a": Score(value=0.5, n=4, seconds=0.0, per_example=[1, 0, 1, 0])}
-    with pytest.raises(EvalError, match="metric a has no per-item answers"):
+    with pytest.raises(EvalError) as err:
         flips(["a"], old, cand)
+    assert err.value.problem is not None and err.value.problem.startswith(
+        "answer_flips: metric a has no per-item answers")
+    assert err.value.hint == "rerun eval"

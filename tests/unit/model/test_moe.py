@@ -58,8 +58,12 @@ def test_routers_are_found_per_architecture(arch: str) -> None:
     # the shipped recipes' targets ("Linear") leave every router dense once derived
     assert moe.quantized_routers(model, ["Linear"], ["lm_head", *ROUTERS[arch]]) == []
     # a regex target naming them is refused before calibration, with the fix in the message
-    with pytest.raises(QuantizeError, match=r"router/gate.*ignore"):
+    with pytest.raises(QuantizeError) as err:
         moe.check_routers_dense(model, ["re:.*mlp\\.(gate|router)$"], ["lm_head"])
+    assert err.value.problem == (f"the recipe would quantize {len(ROUTERS[arch])} MoE "
+                                 f"router/gate layer(s) (e.g. {ROUTERS[arch][0]}), which vLLM "
+                                 "needs dense")
+    assert err.value.hint is not None and "`ignore:`" in err.value.hint
 
 
 def test_dense_model_has_no_routers() -> None:
@@ -89,8 +93,10 @@ def test_linear_routers_would_be_quantized_unless_ignored() -> None:
     assert moe.derived_ignore(block) == ["mlp.gate", "mlp.shared_expert_gate"]
     assert sorted(moe.quantized_routers(block, ["Linear"], [])) == ["mlp.gate",
                                                                      "mlp.shared_expert_gate"]
-    with pytest.raises(QuantizeError, match="2 MoE router"):
+    with pytest.raises(QuantizeError) as err:
         moe.check_routers_dense(block, ["Linear"], [])
+    assert err.value.problem is not None and err.value.problem.startswith(
+        "the recipe would quantize 2 MoE router/gate layer(s) (e.g. mlp.")
     moe.check_routers_dense(block, ["Linear"], moe.derived_ignore(block))
     assert list(moe.routing_modules(block)) == ["mlp.gate"]  # shared gate picks no expert
 

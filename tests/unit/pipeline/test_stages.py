@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from quantize.cli.app import main
+from quantize.errors import QuantizeError
 from quantize.pipeline import Pipeline, stages
 from quantize.pipeline.disk import DiskContext
 from quantize.run.manifest import Manifest, RunFolder
@@ -39,8 +40,10 @@ def test_each_stage_has_its_command_target_and_disk_need(tmp_path: Path) -> None
 
 def test_upto_names_the_stages_and_refuses_an_unknown_one() -> None:
     assert [st.name for st in stages.upto("export")] == ["calibrate", "quantize", "export"]
-    with pytest.raises(Exception, match="unknown stage 'evaluate'"):
+    with pytest.raises(QuantizeError) as err:
         stages.upto("evaluate")
+    assert err.value.problem == "unknown stage 'evaluate'"
+    assert err.value.hint is not None and "calibrate, quantize, export" in err.value.hint
 
 
 class _FakeSummary(Record):

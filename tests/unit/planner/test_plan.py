@@ -353,8 +353,11 @@ def test_catalog_covers_common_cards() -> None:
 
 
 def test_unknown_gpu_names_the_fix() -> None:
-    with pytest.raises(PlanError, match=r"unknown GPU 'rtx5900'; did you mean 'rtx5090'"):
+    with pytest.raises(PlanError) as info:
         find("rtx5900")
+    assert info.value.problem == "unknown GPU 'rtx5900'"
+    hint = info.value.hint or ""
+    assert hint.startswith("did you mean 'rtx5090'? known: ") and "--gpu-file" in hint
 
 
 def test_user_gpu_file_extends_and_overrides(tmp_path: Path) -> None:
@@ -365,9 +368,12 @@ def test_user_gpu_file_extends_and_overrides(tmp_path: Path) -> None:
     assert find("mi-card", f).memory_gib == 60.0
     assert find("h100", f).memory_gib == 70.0
     bad = tmp_path / "bad.yaml"
-    bad.write_text("gpus:\n  - name: x\n    memory_gib: -1\n")
-    with pytest.raises(PlanError, match=r"bad\.yaml:3: gpus\.0\.memory_gib"):
+    bad.write_text("gpus:\n  - name: x\n    memory_gib: -1\n    compute_capability: '9.0'\n"
+                   "    fp8: true\n")
+    with pytest.raises(PlanError) as info:
         find("x", bad)
+    assert (info.value.path, info.value.line) == (str(bad), 3)
+    assert (info.value.problem or "").startswith("gpus.0.memory_gib: ")
 
 
 def test_fp8_on_cards_without_fp8_runs_weight_only() -> None:
@@ -472,8 +478,10 @@ def test_model_folder_needs_only_config_json(tmp_path: Path) -> None:
 
 
 def test_unknown_model_and_offline_hub(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(PlanError, match="built-in"):
+    with pytest.raises(PlanError) as info:
         P.load_source("not a model!")
+    assert (info.value.problem or "").startswith("model 'not a model!' is not a folder")
+    assert info.value.hint is not None and info.value.hint.startswith("built-in: ")
 
     def offline(*a: object, **k: object) -> str:
         raise OSError("We couldn't connect to the Hub")
@@ -481,15 +489,22 @@ def test_unknown_model_and_offline_hub(monkeypatch: pytest.MonkeyPatch) -> None:
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
-    with pytest.raises(PlanError, match=r"cannot get config\.json of 'org/unknown-model'"):
+    with pytest.raises(PlanError) as info:
         P.load_source("org/unknown-model")
+    assert info.value.problem == ("cannot get config.json of 'org/unknown-model' from the Hub "
+                                  "(We couldn't connect to the Hub)")
+    assert info.value.hint is not None and "a local folder with config.json" in info.value.hint
 
 
 def test_bad_options_are_clear_errors() -> None:
-    with pytest.raises(PlanError, match="gpu-memory-utilization"):
+    with pytest.raises(PlanError) as info:
         _plan(util=1.5)
-    with pytest.raises(PlanError, match="unknown vLLM profile"):
+    assert info.value.problem == "--gpu-memory-utilization 1.5 is outside (0.05, 1]"
+    assert info.value.hint is not None and "e.g. 0.9" in info.value.hint
+    with pytest.raises(PlanError) as info:
         _plan(profile="0.1")
+    assert info.value.problem == "unknown vLLM profile '0.1'"
+    assert info.value.hint is not None and info.value.hint.startswith("known: ")
 
 
 def test_recipes_that_do_not_apply_are_marked(tmp_path: Path) -> None:

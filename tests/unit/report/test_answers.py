@@ -68,5 +68,7 @@ def test_without_vllm_one_line_names_the_fix(tiny_model: Path, tmp_path: Path) -
     from quantize.errors import VerifyError
 
     host = Host(None, problem="no vLLM environment: run `make vllm-env`")
-    with pytest.raises(VerifyError, match="make vllm-env"):
+    with pytest.raises(VerifyError) as err:
         answers.ask(tiny_model, tmp_path, host)
+    assert err.value.problem == ("the question check needs vLLM: no vLLM environment: run "
+                                 "`make vllm-env`")

@@ -48,19 +48,27 @@ def test_check_tree_refuses_tampered_truncated_missing(tmp_path: Path) -> None:
     hashes = hash_tree(tmp_path)
     check_tree(tmp_path, hashes, "export")
     (tmp_path / "w.safetensors").write_bytes(b"01234")
-    with pytest.raises(ExportError, match="does not match its recorded sha256"):
+    with pytest.raises(ExportError) as err:
         check_tree(tmp_path, hashes, "export")
+    assert err.value.path == str(tmp_path / "w.safetensors")
+    assert err.value.problem == "does not match its recorded sha256 (changed or truncated)"
+    assert str(err.value).startswith(f"export: {tmp_path / 'w.safetensors'} does not match")
     (tmp_path / "w.safetensors").unlink()
-    with pytest.raises(ExportError, match="lacks"):
+    with pytest.raises(ExportError) as err:
         check_tree(tmp_path, hashes, "export")
-    with pytest.raises(ExportError, match="is missing"):
+    assert (err.value.path, err.value.problem) == (str(tmp_path), "lacks ['w.safetensors']")
+    assert err.value.hint is not None and "re-run" in err.value.hint
+    with pytest.raises(ExportError) as err:
         check_tree(tmp_path / "nope", hashes, "export")
+    assert (err.value.path, err.value.problem) == (str(tmp_path / "nope"), "is missing")
 
 
 def test_corrupt_manifest_is_a_clear_error(tmp_path: Path) -> None:
     assert read_manifest(tmp_path) == {"schema": 1, "stages": {}}
     (tmp_path / "manifest.json").write_text("{not json")
-    with pytest.raises(ExportError, match="corrupt"):
+    with pytest.raises(ExportError) as err:
         read_manifest(tmp_path)
+    assert (err.value.path, err.value.problem) == (str(tmp_path / "manifest.json"), "is corrupt")
+    assert err.value.hint is not None and "re-run" in err.value.hint
 
 

@@ -237,9 +237,12 @@ def test_a_dead_owner_never_blocks(tmp_path: Path) -> None:
         from quantize.errors import LockedError
         from quantize.run import lock as lockmod
 
-        with pytest.raises(LockedError, match=f"process {proc.pid} to finish a test entry"):
+        with pytest.raises(LockedError) as err:
             lockmod._take(lock, wait_s=0.3, on_wait=said.append,
-                          refused=lambda h: f"gave up waiting for {h} to finish a test entry")
+                          refused=lambda h: (f"gave up waiting for {h} to finish a test entry",
+                                             "stop it"))
+        assert err.value.problem == f"gave up waiting for process {proc.pid} to finish a test entry"
+        assert (err.value.path, err.value.hint) == (str(lock), "stop it")
         assert said == [f"process {proc.pid}"]
     finally:
         proc.send_signal(signal.SIGKILL)

@@ -33,9 +33,11 @@ def test_lock_refuses_a_live_owner_and_clears_a_dead_one(tmp_path: Path) -> None
         while not ready.exists():
             assert holder.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        with pytest.raises(LockedError, match=f"in use by process {holder.pid}"), \
-                run_lock(tmp_path):
+        with pytest.raises(LockedError) as err, run_lock(tmp_path):
             pass
+        assert (err.value.path, err.value.problem) == (str(tmp_path),
+                                                       f"is in use by process {holder.pid}")
+        assert err.value.hint is not None and "--out" in err.value.hint
     finally:
         holder.kill()
         holder.wait()

@@ -48,33 +48,44 @@ def test_too_few_tokens(tmp_path: Path, tok: Any) -> None:
     f = tmp_path / "small.txt"
     f.write_text("only a few words here\n")
     s = spec(builtin=None, path=str(f), allow_external_path=True)
-    with pytest.raises(CalibrationError, match=r"needs 256 \(4 samples × 64\)"):
+    with pytest.raises(CalibrationError) as err:
         calibrate.tokenize(s, calibrate.read_texts(s, tmp_path), tok)
+    assert err.value.problem is not None and err.value.problem.startswith("calibration text has ")
+    assert err.value.problem.endswith(" tokens but the spec needs 256 (4 samples × 64)")
+    assert err.value.hint is not None and "num_samples" in err.value.hint
 
 
 def test_texts_shorter_than_needed_without_packing(tmp_path: Path, tok: Any) -> None:
     f = tmp_path / "short.txt"
     f.write_text("tiny\nlines\n")
     s = spec(builtin=None, path=str(f), allow_external_path=True, packing=False)
-    with pytest.raises(CalibrationError, match="long enough"):
+    with pytest.raises(CalibrationError) as err:
         calibrate.tokenize(s, calibrate.read_texts(s, tmp_path), tok)
+    assert err.value.problem == "only 0 texts are long enough, the spec needs 4"
+    assert err.value.hint is not None and "packing: true" in err.value.hint
 
 
 @pytest.mark.parametrize(
-    ("name", "content", "match"),
+    ("name", "content", "where", "problem", "hint"),
     [
-        ("empty.txt", b"", "holds no text"),
-        ("latin1.txt", "caf\xe9 au lait\n".encode("latin-1"), "not UTF-8"),
-        ("bad.jsonl", b'{"text": "a"}\nnot json\n', r"bad\.jsonl:2: not a JSON line"),
-        ("field.jsonl", b'{"body": "a"}\n', "no field 'text'; set text_field"),
-        ("data.csv", b"a,b\n", "unsupported file type"),
+        ("empty.txt", b"", (None, None),
+         "calibration source of spec 'inline' holds no text", "a non-empty file"),
+        ("latin1.txt", "caf\xe9 au lait\n".encode("latin-1"), ("f", None),
+         "is not UTF-8 text (byte 3)", "UTF-8"),
+        ("bad.jsonl", b'{"text": "a"}\nnot json\n', ("f", 2), "not a JSON line", "fix or remove"),
+        ("field.jsonl", b'{"body": "a"}\n', ("f", 1), "no field 'text'", "set text_field"),
+        ("data.csv", b"a,b\n", ("f", None), "unsupported file type", ".jsonl"),
     ],
 )
-def test_bad_files(tmp_path: Path, name: str, content: bytes, match: str) -> None:
+def test_bad_files(tmp_path: Path, name: str, content: bytes,
+                   where: tuple[str | None, int | None], problem: str, hint: str) -> None:
     f = tmp_path / name
     f.write_bytes(content)
-    with pytest.raises(CalibrationError, match=match):
+    with pytest.raises(CalibrationError) as err:
         calibrate.read_texts(spec(builtin=None, path=name), tmp_path)
+    assert err.value.problem == problem
+    assert err.value.hint is not None and hint in err.value.hint
+    assert (err.value.path, err.value.line) == (str(f) if where[0] else None, where[1])
 
 
 def test_jsonl_and_folder_sources(tmp_path: Path) -> None:
@@ -93,8 +104,10 @@ def test_paths_cannot_escape_the_spec_folder(tmp_path: Path) -> None:
 
 
 def test_missing_path() -> None:
-    with pytest.raises(CalibrationError, match="does not exist"):
+    with pytest.raises(CalibrationError) as err:
         calibrate.read_texts(spec(builtin=None, path="nope.txt"), Path.cwd())
+    assert err.value.problem == f"calibration path {Path.cwd() / 'nope.txt'} does not exist"
+    assert err.value.hint == "fix `path:`"
 
 
 def test_dataset_override_keeps_the_recipe_sizes(tmp_path: Path) -> None:
@@ -104,7 +117,9 @@ def test_dataset_override_keeps_the_recipe_sizes(tmp_path: Path) -> None:
     assert s.path == str(f.resolve()) and (s.num_samples, s.seq_len) == (32, 512)
     s, _ = calibrate.resolve_spec(load_recipe("gptq-int4"), "hf:org/data")
     assert s.hub == "org/data"
-    with pytest.raises(CalibrationError, match="no such file or folder"):
+    with pytest.raises(CalibrationError) as err:
         calibrate.resolve_spec(load_recipe("gptq-int4"), "./missing.txt")
+    assert err.value.problem == "dataset './missing.txt': no such file or folder"
+    assert err.value.hint is not None and "hf:<id>" in err.value.hint
     with pytest.raises(RecipeError, match="unknown calibration spec 'wikk'; did you mean 'wiki'"):
         calibrate.resolve_spec(load_recipe("gptq-int4"), "wikk")

@@ -36,8 +36,11 @@ def test_auto_picks_vllm_when_the_dense_model_does_not_fit() -> None:
 
 
 def test_auto_refuses_a_model_that_fits_nowhere() -> None:
-    with pytest.raises(EvalError, match="make vllm-env"):
+    with pytest.raises(EvalError) as err:
         E.auto_rule(False, 140 * GB, 20 * GB, "no vLLM environment")
+    assert err.value.problem == ("evaluating in transformers needs the dense model (140.0 GiB of "
+                                 "20.0 GiB free) and vLLM cannot be used (no vLLM environment)")
+    assert err.value.hint is not None and "make vllm-env" in err.value.hint
 
 
 def test_auto_keeps_hf_for_a_dense_kv_cache_that_fits() -> None:
@@ -81,36 +84,47 @@ def test_auto_on_a_kv_recipe_picks_vllm(tiny_model: Path, monkeypatch: pytest.Mo
 
 def test_engine_vllm_without_the_environment_names_make_vllm_env(
         tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(EvalError, match=r"--engine vllm: .*make vllm-env") as err:
+    with pytest.raises(EvalError) as err:
         _choose(tiny_model, monkeypatch, E.EvalEngineRequest("vllm"), NO_VLLM)
+    assert err.value.problem == f"--engine vllm: {NO_VLLM.problem}"
+    assert err.value.hint is not None and "make vllm-env" in err.value.hint
     assert "\n" not in str(err.value)
 
 
 def test_engine_vllm_on_a_format_the_host_cannot_run_names_engine_hf(
         tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     avx2 = Host("/fake/python", "0.32.0", "cpu", {"avx2": True}, {})  # no AVX-512: no fp8 KV
-    with pytest.raises(EvalError, match=r"cannot run the candidate \(FP8 KV cache needs "
-                                        r"AVX-512.*\); use --engine hf"):
+    with pytest.raises(EvalError) as err:
         _choose(tiny_model, monkeypatch, E.EvalEngineRequest("vllm", kv_cache_dtype="fp8"), avx2)
+    assert err.value.problem is not None and err.value.problem.startswith(
+        "--engine vllm: this host's vLLM cannot run the candidate (FP8 KV cache needs AVX-512")
+    assert err.value.hint == "use --engine hf"
 
 
 def test_tp_larger_than_visible_devices_is_refused(tiny_model: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(EvalError, match=r"--tp 2 is larger than the devices vLLM sees on this "
-                                        r"host \(the CPU backend \(1 device\)\)"):
+    with pytest.raises(EvalError) as err:
         _choose(tiny_model, monkeypatch, E.EvalEngineRequest("vllm", tp=2), CPU_HOST)
+    assert err.value.problem == ("--tp 2 is larger than the devices vLLM sees on this host "
+                                 "(the CPU backend (1 device))")
     gpus = Host("/fake/python", "0.32.0", "cuda", gpus=[90, 90])
-    with pytest.raises(EvalError, match=r"--tp 4 .* \(2 GPU\(s\)\); use --tp 2"):
+    with pytest.raises(EvalError) as err:
         _choose(tiny_model, monkeypatch, E.EvalEngineRequest("vllm", tp=4), gpus)
+    assert err.value.problem == ("--tp 4 is larger than the devices vLLM sees on this host "
+                                 "(2 GPU(s))")
+    assert err.value.hint is not None and err.value.hint.startswith("use --tp 2 ")
     c = _choose(tiny_model, monkeypatch, E.EvalEngineRequest("vllm", tp=2), gpus)
     assert (c.name, c.tp, c.device) == ("vllm", 2, "cuda")
 
 
 def test_vllm_settings_need_the_vllm_engine() -> None:
-    with pytest.raises(EvalError, match="--engine vllm only"):
+    with pytest.raises(EvalError) as err:
         E.EvalEngineRequest("hf", tp=2).check()
-    with pytest.raises(EvalError, match="--kv-cache-dtype"):
+    assert err.value.problem == "--tp and --kv-cache-dtype apply to --engine vllm only"
+    with pytest.raises(EvalError) as err:
         E.EvalEngineRequest("vllm", kv_cache_dtype="int4").check()
+    assert err.value.problem == "unknown --kv-cache-dtype 'int4'"
+    assert err.value.hint is not None and "fp8" in err.value.hint
 
 
 def test_cli_refuses_tp_with_hf_in_one_line(tmp_path: Path) -> None:

@@ -52,8 +52,11 @@ def test_default_repo_name_follows_known_conventions(recipe: str, tag: str) -> N
                                            ("acme", "-lead"), ("acme", "x" * 97)])
 def test_invalid_hub_names_are_refused(tmp_path: Path, org: str, name: str | None) -> None:
     run = make_run(tmp_path)
-    with pytest.raises(PublishError, match="not a valid Hub name"):
+    with pytest.raises(PublishError) as err:
         publish(PublishOptions(run=run, org=org, name=name, dry_run=True))
+    flag, value = ("--org", org) if " " in org else ("--name", name)
+    assert err.value.problem == f"{flag} {value!r} is not a valid Hub name"
+    assert err.value.hint is not None and "at most 96 characters" in err.value.hint
 
 
 def test_kv_bytes_per_token_from_config() -> None:
@@ -174,15 +177,20 @@ def test_verify_recorded_for_an_older_export_is_refused(tmp_path: Path) -> None:
     m["stages"]["verify"] = {"key": "v" * 64, "status": "done", "inputs": {"export": "0" * 64},
                              "outputs": hash_tree(run / "verify"), "summary": {}}
     write_manifest(run, m)
-    with pytest.raises(PublishError, match="verify result belongs to an older export"):
+    with pytest.raises(PublishError) as err:
         dry(run)
+    assert err.value.problem == "the verify result belongs to an older export"
+    assert err.value.hint == "re-run `quantize verify`"
+    assert str(err.value).startswith("refused: ")
 
 
 # --- refusals ----------------------------------------------------------------------------
 def test_failed_gate_is_refused_and_force_says_so_in_the_card(tmp_path: Path) -> None:
     run = make_run(tmp_path, gate="fail")
-    with pytest.raises(PublishError, match=r"gate failed on wiki_ppl.*--force"):
+    with pytest.raises(PublishError) as err:
         dry(run)
+    assert err.value.problem == "the release gate failed on wiki_ppl"
+    assert err.value.hint is not None and "--force" in err.value.hint
     res = dry(run, force=True)
     assert res.forced
     text = (res.folder / "README.md").read_text()
@@ -192,23 +200,30 @@ def test_failed_gate_is_refused_and_force_says_so_in_the_card(tmp_path: Path) ->
 
 def test_ungated_run_is_refused(tmp_path: Path) -> None:
     run = make_run(tmp_path, gate=None)
-    with pytest.raises(PublishError, match=r"not been evaluated and gated.*quantize gate"):
+    with pytest.raises(PublishError) as err:
         dry(run)
+    assert err.value.problem == "the run has not been evaluated and gated"
+    assert err.value.hint is not None and "`quantize gate RUN`" in err.value.hint
     text = (dry(run, force=True).folder / "README.md").read_text()
     assert "without a release gate" in text and "Not evaluated" in text
 
 
-@pytest.mark.parametrize(("damage", "match"), [
-    (lambda e: (e / "tokenizer.json").unlink(), "lacks.*tokenizer.json.*incomplete"),
-    (lambda e: (e / "config.json").write_text("{}"), "config.json does not match its recorded"),
-    (lambda e: (e / "model.safetensors").write_bytes(b"x"), "does not match its recorded"),
+_CHANGED = "does not match its recorded sha256 (changed or truncated)"
+
+
+@pytest.mark.parametrize(("damage", "where", "problem"), [
+    (lambda e: (e / "tokenizer.json").unlink(), "", "lacks ['tokenizer.json']"),
+    (lambda e: (e / "config.json").write_text("{}"), "config.json", _CHANGED),
+    (lambda e: (e / "model.safetensors").write_bytes(b"x"), "model.safetensors", _CHANGED),
 ])
-def test_damaged_export_is_refused_even_with_force(tmp_path: Path, damage: Any,
-                                                    match: str) -> None:
+def test_damaged_export_is_refused_even_with_force(tmp_path: Path, damage: Any, where: str,
+                                                    problem: str) -> None:
     run = make_run(tmp_path)
     damage(run / "export")
-    with pytest.raises(PublishError, match=match):
+    with pytest.raises(PublishError) as err:
         dry(run, force=True)
+    assert (err.value.path, err.value.problem) == (str(run / "export" / where), problem)
+    assert err.value.hint is not None and "re-run" in err.value.hint
 
 
 def test_changed_eval_result_is_refused(tmp_path: Path) -> None:
@@ -216,8 +231,9 @@ def test_changed_eval_result_is_refused(tmp_path: Path) -> None:
     ev = json.loads((run / "eval" / "eval.json").read_text())
     ev["metrics"][0]["candidate"] = 1.0  # a prettier number typed in by hand
     (run / "eval" / "eval.json").write_text(json.dumps(ev))
-    with pytest.raises(PublishError, match=r"eval\.json does not match its recorded sha256"):
+    with pytest.raises(PublishError) as err:
         dry(run, force=True)
+    assert (err.value.path, err.value.problem) == (str(run / "eval" / "eval.json"), _CHANGED)
 
 
 def test_gate_of_an_older_export_is_refused(tmp_path: Path) -> None:
@@ -225,20 +241,26 @@ def test_gate_of_an_older_export_is_refused(tmp_path: Path) -> None:
     m = read_manifest(run)
     m["stages"]["eval"]["inputs"]["export"] = "0" * 64
     write_manifest(run, m)
-    with pytest.raises(PublishError, match="older export"):
+    with pytest.raises(PublishError) as err:
         dry(run, force=True)
+    assert err.value.problem == "the eval results belong to an older export"
+    assert err.value.hint is not None and "`quantize run`" in err.value.hint
 
 
 def test_failed_verification_is_refused(tmp_path: Path) -> None:
     run = make_run(tmp_path)
     write_verify(run, passed=False, verdict="fail", result="greedy agreement 41.0%")
-    with pytest.raises(PublishError, match=r"verification at level 'vllm' failed \(greedy"):
+    with pytest.raises(PublishError) as err:
         dry(run, force=True)
+    assert err.value.problem == "verification at level 'vllm' failed (greedy agreement 41.0%)"
+    assert err.value.hint is not None and "`quantize verify`" in err.value.hint
 
 
 def test_not_a_run_folder(tmp_path: Path) -> None:
-    with pytest.raises(PublishError, match="not a run folder"):
+    with pytest.raises(PublishError) as err:
         dry(tmp_path)
+    assert err.value.path == str(tmp_path)
+    assert err.value.problem == f"{tmp_path} is not a run folder (no manifest.json)"
 
 
 # --- credentials -------------------------------------------------------------------------
@@ -250,16 +272,20 @@ def test_no_token_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-    with pytest.raises(PublishError, match="no Hugging Face token: set HF_TOKEN or run `hf"):
+    with pytest.raises(PublishError) as err:
         publish(PublishOptions(run=make_run(tmp_path), org="acme"))
+    assert err.value.problem == "no Hugging Face token"
+    assert err.value.hint is not None and err.value.hint.startswith("set HF_TOKEN or run `hf")
 
 
 def test_offline_mode_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(PublishError, match="HF_HUB_OFFLINE"):
+    with pytest.raises(PublishError) as err:
         publish(PublishOptions(run=make_run(tmp_path), org="acme"))
+    assert err.value.problem == "HF_HUB_OFFLINE is set, so nothing can be uploaded"
+    assert err.value.hint is not None and "--dry-run" in err.value.hint
 
 
 def test_redact_removes_the_token_and_token_like_strings() -> None:

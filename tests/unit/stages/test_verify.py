@@ -79,8 +79,10 @@ def test_formats_are_classified() -> None:
 def test_other_quant_methods_are_refused() -> None:
     # native gptq/awq (backend gptqmodel/autoawq) are handled:
     # tests/unit/backends/test_backend_engines.py
-    with pytest.raises(ModelError, match=r"quant_method is 'bitsandbytes'"):
+    with pytest.raises(ModelError) as err:
         checkpoint_format({"quantization_config": {"quant_method": "bitsandbytes"}})
+    assert err.value.problem == "quantization_config.quant_method is 'bitsandbytes'"
+    assert err.value.hint is not None and "compressed-tensors" in err.value.hint
 
 
 @pytest.mark.parametrize(("host", "cfg", "reason"), [
@@ -159,8 +161,10 @@ def test_no_vllm_env_is_not_verifiable_and_says_how_to_fix() -> None:
 
 
 def test_find_vllm_python_rejects_a_missing_path(tmp_path: Path) -> None:
-    with pytest.raises(VerifyError, match=r"does not exist; .* `make vllm-env`"):
+    with pytest.raises(VerifyError) as err:
         H.find_vllm_python(tmp_path / "nope" / "python")
+    assert err.value.problem == f"--vllm-python {tmp_path / 'nope' / 'python'} does not exist"
+    assert err.value.hint is not None and "`make vllm-env`" in err.value.hint
 
 
 # --- comparing ------------------------------------------------------------------------------
@@ -393,8 +397,12 @@ def test_run_folder_writes_verify_folder(tiny: dict[str, Path], tmp_path: Path) 
 
 
 def test_target_must_be_a_run_or_checkpoint(tmp_path: Path) -> None:
-    with pytest.raises(VerifyError, match=r"neither a run folder .* nor a checkpoint folder"):
+    with pytest.raises(VerifyError) as err:
         V.verify(tmp_path)
+    assert err.value.path == str(tmp_path)
+    assert err.value.problem is not None and err.value.problem.startswith(
+        "is neither a run folder (with export/) nor a checkpoint folder")
+    assert err.value.hint is not None and "`runs/<name>`" in err.value.hint
 
 
 # A stand-in for the vLLM worker: stdlib only, it answers the request with the result JSON
@@ -489,8 +497,9 @@ def test_level_vllm_without_vllm_is_an_error(tiny: dict[str, Path], tmp_path: Pa
     monkeypatch.setattr(H, "detect", lambda *a, **k: H.Host(None, problem="no vLLM "
                                                              "environment: run `make "
                                                              "vllm-env`"))
-    with pytest.raises(VerifyError, match=r"--level vllm: no vLLM environment: run `make"):
+    with pytest.raises(VerifyError) as err:
         V.verify(tiny["w8a8"], level="vllm", out=tmp_path / "v")
+    assert err.value.problem == "--level vllm: no vLLM environment: run `make vllm-env`"
 
 
 def test_tp_on_the_cpu_backend_falls_back_to_decode(tiny: dict[str, Path], stand_in: Path,

@@ -299,7 +299,11 @@ def test_native_gptq_moe_export_is_refused_by_the_decode_check_in_one_line(
     cfg = CONFIGS["qwen3_moe"](_Tok()).to_dict()
     cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 64,
                                   "sym": True, "desc_act": False, "checkpoint_format": "gptq"}
-    with pytest.raises(VerifyError, match=r"no loader for native GPTQ mixture-of-experts "
-                       r"checkpoints: .*random init.*; verify it in vLLM on a GPU, or use the "
-                       r"compressed-tensors recipe"):
+    with pytest.raises(VerifyError) as err:
         verify_decode(tmp_path, ModelConfig.model_validate(cfg), DecodeTolerance())
+    assert err.value.path == str(tmp_path)
+    assert err.value.problem is not None and err.value.problem.startswith(
+        "the exact decode has no loader for native GPTQ mixture-of-experts checkpoints: ")
+    assert "random init" in err.value.problem
+    assert err.value.hint is not None and err.value.hint.startswith("verify it in vLLM on a GPU")
+    assert "compressed-tensors recipe" in err.value.hint and "\n" not in str(err.value)
