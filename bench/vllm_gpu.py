@@ -60,12 +60,12 @@ VLLM_ENV = {"VLLM_USE_DEEP_GEMM": "0", "VLLM_MOE_USE_DEEP_GEMM": "0"}
 # The default model: every shipped recipe the machine can make (GPTQModel and AutoAWQ are not
 # installed there; AutoAWQ is refused anyway)
 # (AutoRound, 6 min there, runs last: a long shared job holds back every `alone` job)
-DEFAULT_RECIPES = ["gptq-int4-asym", "gptq-int4", "rtn-int4", "awq-int4", "w8a16-int8",
-                   "w8a8-int8", "fp8-dynamic", "fp8-kv", "fp8-block", "nvfp4a16", "mxfp4a16",
-                   "nvfp4", "mxfp4", "rtn-int2"]
+DEFAULT_RECIPES = ["gptq-int4-mixed", "gptq-int4-asym", "gptq-int4", "rtn-int4", "awq-int4",
+                   "w8a16-int8", "w8a8-int8", "fp8-dynamic", "fp8-kv", "fp8-block", "nvfp4a16",
+                   "mxfp4a16", "nvfp4", "mxfp4", "rtn-int2"]
 SLOW_RECIPES = ["autoround-int4"]
 # The 8B architecture: every distinct format, and the variants of issue 31 item 4
-R8B = ["gptq-int4-asym", "bench/variants/gptq-int4-asym-g128.yaml", "gptq-int4",
+R8B = ["gptq-int4-mixed", "gptq-int4-asym", "bench/variants/gptq-int4-asym-g128.yaml", "gptq-int4",
        "bench/variants/gptq-int4-g128.yaml", "fp8-dynamic", "fp8-kv", "w8a8-int8",
        "w8a16-int8", "fp8-block", "nvfp4a16", "mxfp4a16", "nvfp4", "mxfp4", "awq-int4",
        "rtn-int2"]
@@ -156,8 +156,8 @@ def jobs() -> list[Job]:
     # 2. the 8B architecture: exports; a format without a serving row is loaded once (shared)
     # kept for their serving rows: in RAM when it has room (the disk filled up with them
     # there: 64 GiB), the last two on the disk (RAM holds the 8B source too)
-    in_ram = {"gptq-int4-asym", "gptq-int4-asym-g128", "gptq-int4-g128", "fp8-dynamic",
-              "fp8-kv"}
+    in_ram = {"gptq-int4-mixed", "gptq-int4-asym", "gptq-int4-asym-g128", "gptq-int4-g128",
+              "fp8-dynamic", "fp8-kv"}
     served = in_ram | {"w8a8-int8", "nvfp4a16"}
 
     def ex(s: str) -> Path:
@@ -167,7 +167,8 @@ def jobs() -> list[Job]:
     for r in R8B:
         s = short(r)
         d = ex(s)
-        (first8 if s in ("gptq-int4-asym", "fp8-dynamic") else rest8).append(
+        (first8 if s in ("gptq-int4-mixed", "gptq-int4-asym", "fp8-dynamic")
+         else rest8).append(
             export(f"export-8b-{s}", r, str(M8B), d, ["build-8b"]))
         if s not in served:
             load = rows("load", f"load-8b-{s}", d / "export", [f"export-8b-{s}", "vllm"])
@@ -188,6 +189,8 @@ def jobs() -> list[Job]:
         serve("serve-8b-bf16", M8B, ["build-8b", "vllm"], big),
         serve("serve-8b-gptq-int4-asym", ex("gptq-int4-asym") / "export",
               ["export-8b-gptq-int4-asym", "vllm"], big),
+        serve("serve-8b-gptq-int4-mixed", ex("gptq-int4-mixed") / "export",
+              ["export-8b-gptq-int4-mixed", "vllm"], big),
         serve("serve-8b-gptq-int4-asym-marlin", ex("gptq-int4-asym") / "export",
               ["export-8b-gptq-int4-asym", "vllm"], {**big, "linear_backend": "marlin"}),
         serve("serve-8b-fp8-dynamic", ex("fp8-dynamic") / "export",
@@ -500,6 +503,13 @@ def collect(out: Path) -> dict[str, Any]:
         for rel in ("verify/verify.json", "eval/eval.json"):
             if (run / rel).is_file():
                 cli[f"{run.name}/{rel}"] = json.loads((run / rel).read_text())
+    for run in sorted({*(WORK / "x").glob("*"), *(FAST / "x").glob("*")}):
+        if (run / "manifest.json").is_file():  # stage times, what mixed precision chose
+            stages = json.loads((run / "manifest.json").read_text())["stages"]
+            cli[f"{run.name}/manifest.json"] = {
+                k: {"duration_s": v.get("duration_s"),
+                    **({"mixed": v["summary"].get("mixed")} if k == "quantize" else {})}
+                for k, v in stages.items()}
     (out / "cli.json").write_text(json.dumps(cli, indent=1))
     return {"rows": len(rows), "done": sum(1 for s in states.values() if s["ok"]),
             "failed": sorted(k for k, s in states.items() if not s["ok"])}

@@ -28,7 +28,8 @@ from quantize.backends._native import (
 )
 from quantize.errors import NotImplementedFeature
 from quantize.model.config import ModelConfig, read_config
-from quantize.spec.recipe import AWQOptions, Recipe
+from quantize.spec.options import AWQOptions
+from quantize.spec.recipe import Recipe
 from quantize.spec.schemes import SCHEMES
 
 for _mod in ("awq", "gptqmodel", "optimum"):

@@ -24,7 +24,8 @@ from quantize.backends._native import (
 )
 from quantize.errors import NotImplementedFeature
 from quantize.model.config import ModelConfig
-from quantize.spec.recipe import GPTQOptions, Recipe
+from quantize.spec.options import GPTQOptions
+from quantize.spec.recipe import Recipe
 from quantize.spec.schemes import SCHEMES
 
 # Fail at get_backend() (with "install with pip install -e .[gptqmodel]"), not mid-run.

@@ -15,7 +15,8 @@ from quantize.backends import QuantizeJob
 from quantize.checks.preflight import override_group_size  # the one rule pre-flight checks too
 from quantize.errors import QuantizationError, first_line
 from quantize.model.config import ModelConfig, read_config, torch_dtype
-from quantize.spec.recipe import AutoRoundOptions, AWQOptions, GPTQOptions, Recipe
+from quantize.spec.options import AutoRoundOptions, AWQOptions, GPTQOptions
+from quantize.spec.recipe import Recipe
 from quantize.spec.schemes import SCHEMES
 
 if TYPE_CHECKING:

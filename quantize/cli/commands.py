@@ -205,8 +205,8 @@ def recipes_cmd() -> None:
         r = load_recipe(name)
         group = " g auto" if r.group_size == "auto" else f" g{r.group_size}"
         fmt = r.scheme + (group if r.group_size else "") + (
-            " +kv-fp8" if r.kv_cache else "")
-        click.echo(f"{name:<{width}} {r.method:<9} {fmt:<20} {r.backend:<13} {r.description}")
+            " +kv-fp8" if r.kv_cache else "") + (" +8-bit" if r.mixed_precision else "")
+        click.echo(f"{name:<{width}} {r.method:<9} {fmt:<21} {r.backend:<13} {r.description}")
 
 
 @main.command("validate")

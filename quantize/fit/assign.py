@@ -48,7 +48,9 @@ class Assignment:
 
 def setup(model_spec: str, base: Recipe, serving: Serving | None, max_weights: int | None,
           bits: tuple[int, ...], min_recovery: float | None) -> Problem:
-    """Check the inputs and fix the problem; raises one-line errors before any long work."""
+    """Check the inputs and fix the problem; raises one-line errors before any long work.
+    A base recipe's own mixed_precision is dropped: fit's assignment takes its place."""
+    base = base.model_copy(update={"mixed_precision": None})
     if min_recovery is not None and not 0.0 < min_recovery <= 1.0:
         raise FitError(f"--min-recovery {min_recovery} is outside (0, 1]: recovery is the "
                        "share of the fp16 model's perplexity kept (1.0 = no loss); give e.g. "

@@ -37,6 +37,7 @@ def fit_recipe(p: Problem, a: Assignment, name: str) -> Recipe:
     counts = ", ".join(f"{n} layers at {b} bits" for b, (n, _) in a.counts.items())
     data = p.base.model_dump()
     data.update(name=name, overrides=overrides, ignore=[*p.base.ignore, *dense],
+                mixed_precision=None,  # the assignment is made: a base's own is dropped
                 description=f"quantize fit of {p.source.name} from {p.base.name}: {counts} "
                 f"({a.size / 1e6:,.1f} MB)")
     return Recipe.model_validate(data)

@@ -87,6 +87,8 @@ def quantize(pipe: PipelineView) -> Plan:
 
     recipe = pipe.recipe
     quant_part = recipe.model_dump(mode="json", exclude={"description", "calibration", "eval"})
+    if quant_part.get("mixed_precision") is None:  # a later field: the keys of runs before it
+        quant_part.pop("mixed_precision", None)     # stay what they were
     calib = pipe.manifest.result("calibrate", CalibrationSummary)
     # deferred: the quantize stage runs while the model is hashed (see _start_fingerprint)
     model = {"source": pipe.model.source, "fingerprint": pipe.fingerprint}

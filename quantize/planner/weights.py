@@ -104,6 +104,9 @@ class LayerPlan:
     # fused expert projections are in `formats` under expert 0's name (`...experts.0.down_proj`,
     # as pre-flight names them): absent means left 16-bit
     experts_by_name: bool = False
+    # a recipe's mixed_precision: the export may take this multiple of the bytes above (which
+    # layers get 8 bits is measured at quantize time), so sizes count the whole budget
+    budget: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,10 @@ def estimate_weights(model: Any, dtype_bytes: int, plan: LayerPlan) -> WeightEst
     for _name, size in _persistent_buffers(model, dtype_bytes):  # e.g. DeepSeek's router bias
         total += size
         replicated += size
+    if plan.budget > 1.0:  # mixed precision: up to the budget, spent on quantized layers
+        extra = int(total * (plan.budget - 1.0))
+        total += extra
+        quantized += extra
     if plan.kv_scales:  # k_scale and v_scale per attention layer, model dtype
         total += 2 * attention_layers * dtype_bytes
         replicated += 2 * attention_layers * dtype_bytes
@@ -242,7 +249,9 @@ def recipe_layers(model: Any, recipe: Recipe, group: int | None,
             formats[lay.name] = _sized(format_for(ov.scheme, ov_group, actorder), dtype_bytes)
     # fused expert projections are among targeted_layers' names (expert 0's), overrides and
     # ignore entries matching them as the engine matches the unfused Linears
-    return LayerPlan(formats, None, kv_scales=recipe.kv_cache == "fp8", experts_by_name=True)
+    mixed = recipe.mixed_precision
+    return LayerPlan(formats, None, kv_scales=recipe.kv_cache == "fp8", experts_by_name=True,
+                     budget=mixed.budget if mixed is not None else 1.0)
 
 
 def published_quant(config: ModelConfig) -> QuantConfig | None:

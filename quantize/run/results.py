@@ -47,12 +47,27 @@ class CalibrationSummary(Record):
         return spec.model_dump(mode="json")  # every field, defaults included
 
 
+class MixedSummary(Record):
+    """What a recipe's mixed_precision chose (quantize.fit.mixed): the units (fused shards
+    together) raised to 8 bits, by measured sensitivity or by the data-free prior."""
+
+    measured: bool
+    budget_bytes: int
+    uniform_bytes: int  # every layer at the recipe's scheme
+    weights_bytes: int  # as planned (the export's own size is the export stage's)
+    units: int
+    units_high: list[str]
+    predicted_recovery: float | None = None
+    seconds: float
+
+
 class QuantizeSummary(Record):
-    """The engine's summary (quantize.backends: its keys differ by engine) and the peak
-    memory of the run."""
+    """The engine's summary (quantize.backends: its keys differ by engine), the peak memory
+    of the run and, for mixed_precision, what it chose."""
 
     engine: str | None = None
     peak_rss_gib: float | None = None
+    mixed: MixedSummary | None = None
 
 
 class ExportSummary(Record):

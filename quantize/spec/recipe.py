@@ -25,15 +25,24 @@ from quantize.spec.metric_kinds import (
     TextMetric,
     paired_names,
 )
+from quantize.spec.options import (
+    AutoRoundOptions,
+    AWQOptions,
+    GPTQOptions,
+    MixedPrecision,
+    SmoothQuantOptions,
+)
 from quantize.spec.paths import PROJECT_ROOT, contained
-from quantize.spec.schemes import SCHEMES, SchemeName
+from quantize.spec.schemes import SCHEMES, Scheme, SchemeName
 from quantize.spec.strict import Name, Strict
 from quantize.spec.yamlio import expected, parse_model, read_text
 
 # The recipe `quantize run`, `make quantize` and `quantize fit` use when none is named: the
-# best 4-bit measured on the default model (eval/README.md, issue #15). The Makefile's
-# RECIPE default repeats it (tests/unit/spec/test_recipe.py checks they agree).
-DEFAULT_RECIPE = "gptq-int4-asym"
+# best measured on the default model at about 4-bit size and GPTQ's speed (eval/README.md,
+# issues #15 and #35). The Makefile's RECIPE default repeats it (tests/unit/spec/
+# test_recipe.py checks they agree). `quantize fit` takes its scheme and leaves its
+# mixed_precision to its own assignment.
+DEFAULT_RECIPE = "gptq-int4-mixed"
 
 GroupSize = Annotated[int, Field(ge=8, le=4096)] | Literal["auto"]
 
@@ -174,44 +183,6 @@ class Override(Strict):
     group_size: GroupSize | None = None
 
 
-class GPTQOptions(Strict):
-    block_size: int = Field(default=128, ge=1)
-    dampening_frac: float = Field(default=0.01, gt=0.0, lt=1.0)
-    actorder: Literal["static", "group", "weight"] | None = "static"
-
-
-class AWQOptions(Strict):
-    n_grid: int = Field(default=20, ge=2, le=100, description="scale candidates per mapping")
-    duo_scaling: bool | Literal["both"] = True
-    search_samples: int | None = Field(
-        default=None, ge=1, le=100_000, description="calibration samples the scale search "
-        "runs its forwards on (spread evenly); None: all (docs/awq-cpu.md)")
-
-    @model_validator(mode="after")
-    def _grid(self) -> AWQOptions:
-        least = {True: 3, False: 2, "both": 4}[self.duo_scaling]  # llm-compressor divides
-        if self.n_grid < least:  # by n_grid - 2 (duo) or n_grid / 2 - 1 (both)
-            raise ValueError(f"n_grid {self.n_grid} is too small for duo_scaling "
-                             f"{str(self.duo_scaling).lower()}; use n_grid >= {least}")
-        return self
-
-
-class AutoRoundOptions(Strict):
-    """AutoRound's sign-gradient tuning of rounding and ranges, block by block."""
-
-    iters: int = Field(default=200, ge=0, le=10_000,
-                       description="tuning steps per decoder layer (0: RTN with its own "
-                       "optimised ranges)")
-    lr: float | None = Field(default=None, gt=0.0, le=1.0,
-                             description="learning rate; None: 1/iters (the library's)")
-    batch_size: int = Field(default=8, ge=1, le=512)
-    compile: bool = Field(default=False, description="torch.compile the block (GPU)")
-
-
-class SmoothQuantOptions(Strict):
-    strength: float = Field(default=0.8, gt=0.0, lt=1.0)
-
-
 class Recipe(Strict):
     name: Name
     description: str = Field(min_length=1, description="one line shown by `quantize recipes`")
@@ -228,6 +199,7 @@ class Recipe(Strict):
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
     overrides: list[Override] = Field(default_factory=list)
     smoothquant: SmoothQuantOptions | None = None
+    mixed_precision: MixedPrecision | None = None
     gptq: GPTQOptions | None = None
     awq: AWQOptions | None = None
     autoround: AutoRoundOptions | None = None
@@ -287,9 +259,21 @@ class Recipe(Strict):
         if set(self.targets) & set(self.ignore):
             raise ValueError(f"{sorted(set(self.targets) & set(self.ignore))} is both targeted "
                              "and ignored; remove it from one list")
+        if self.mixed_precision is not None:
+            self._check_mixed(info)
         if self.backend != "llmcompressor":
             check_recipe(self)
         return self
+
+    def _check_mixed(self, info: Scheme) -> None:
+        if info.weight_type != "int" or info.activations != "none" or info.weight_bits >= 8:
+            raise ValueError(f"mixed_precision raises layers from the recipe's scheme to 8-bit "
+                             f"weights (W8A16); {self.scheme} is not a weight-only integer "
+                             "scheme below 8 bits. Remove mixed_precision or use W4A16_ASYM")
+        if self.backend != "llmcompressor":
+            raise ValueError("mixed_precision writes per-layer schemes, which only the "
+                             f"llmcompressor engine exports; remove it or drop backend: "
+                             f"{self.backend}")
 
     @property
     def needs_calibration(self) -> bool:

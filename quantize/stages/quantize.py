@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,15 @@ NAME = "quantize"
 
 
 def run(job: QuantizeJob, out: Path) -> QuantizeSummary:
+    mixed = None
+    if job.recipe.mixed_precision is not None:  # which layers get 8 bits, on this model
+        from quantize.fit.mixed import allocate
+        from quantize.stages.calibrate import fingerprint
+
+        resident = job.placement == "resident" and job.host_tier == "ram"
+        recipe, mixed = allocate(job.model_path, job.recipe, job.samples, job.device,
+                                 resident, out / "mixed", fingerprint(job.samples))
+        job = dataclasses.replace(job, recipe=recipe)
     backend = get_backend(job.recipe.backend)
     what = f"{METHODS[job.recipe.method].label} {job.recipe.scheme}"
     if job.group_size:
@@ -25,6 +35,8 @@ def run(job: QuantizeJob, out: Path) -> QuantizeSummary:
               f" on {job.device}"), _log_write_errors_raise():
         summary = QuantizeSummary.model_validate(backend.quantize(job, out))
     summary.peak_rss_gib = peak_rss_gib()  # `quantize compare` shows it per engine
+    if mixed is not None:
+        summary.mixed = mixed
     return summary
 
 

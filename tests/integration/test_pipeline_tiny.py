@@ -73,10 +73,13 @@ def test_every_recipe_exports_a_loadable_checkpoint(recipe: str, tiny_model: Pat
     qc = cfg["quantization_config"]
     assert qc["quant_method"] == "compressed-tensors"
     assert qc["ignore"] == ["lm_head"]
-    w = qc["config_groups"]["group_0"]["weights"]
-    assert w["num_bits"] == {"W4A16": 4, "W4A16_ASYM": 4, "W2A16": 2, "W8A8": 8, "W8A16": 8,
-                             "FP8_DYNAMIC": 8, "NVFP4": 4, "NVFP4A16": 4, "MXFP4": 4,
-                             "MXFP4A16": 4}[r.scheme]
+    bits = {"W4A16": 4, "W4A16_ASYM": 4, "W2A16": 2, "W8A8": 8, "W8A16": 8, "FP8_DYNAMIC": 8,
+            "NVFP4": 4, "NVFP4A16": 4, "MXFP4": 4, "MXFP4A16": 4}[r.scheme]
+    groups = [g["weights"] for g in qc["config_groups"].values()]
+    # mixed_precision: the recipe's scheme and the 8-bit layers it chose, one group each (on
+    # this tiny model 5.5 % of the bytes, mostly the embedding's, raises every layer)
+    assert {g["num_bits"] for g in groups} <= ({bits, 8} if r.mixed_precision else {bits})
+    w = next((g for g in groups if g["num_bits"] == bits), groups[0])
     if r.group_size:  # `auto`: what pre-flight resolved for this model
         group = pipe.facts.group_size if r.group_size == "auto" else r.group_size
         assert isinstance(group, int)
