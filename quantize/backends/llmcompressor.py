@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import warnings
@@ -295,11 +296,30 @@ def save(model: Any, tokenizer: Any, out: Path, dtype: Any, src_dtype: Any,
     if not write:
         return
     tokenizer.save_pretrained(out)
+    name_fused_layers(out)
     # llm-compressor writes its own modifier list as recipe.yaml; ours takes that name in
     # the export, so keep theirs under a name that says what it is.
     own = out / "recipe.yaml"
     if own.exists():
         own.rename(out / "llmcompressor_recipe.yaml")
+
+
+def name_fused_layers(out: Path) -> None:
+    """config.json's config groups with vLLM's fused layer names beside their shards
+    (quantize/vllm/targets.py: what lets vLLM before 0.30 load a per-layer mix)."""
+    from quantize.run.files import atomic_write_json
+    from quantize.vllm.targets import with_fused_names
+
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    qc = config.get("quantization_config") or {}
+    groups = qc.get("config_groups")
+    if not groups or len(groups) < 2:  # one group: nothing to tell apart
+        return
+    named = with_fused_names(groups)
+    if named != groups:
+        qc["config_groups"] = named
+        atomic_write_json(path, config)
 
 
 def cast_parameters(model: Any, dtype: Any) -> None:

@@ -69,6 +69,7 @@ def allocate(model_path: Path, recipe: Recipe, samples: list[list[int]], device:
     info(f"mixed precision: {len(high)} of {len(units.units)} units at {HIGH_BITS} bits, "
          f"{assignment.size / 2**20:,.1f} MiB of a {problem.budget.total / 2**20:,.1f} MiB "
          f"budget ({mp.budget:g}x every layer at {base.scheme})"
-         + (f", predicted recovery {summary.predicted_recovery:.1%}"
+         + (f"; perplexity recovery predicted for round-to-nearest "
+            f"{summary.predicted_recovery:.1%}"
             if summary.predicted_recovery is not None else ""))
     return resolved, summary

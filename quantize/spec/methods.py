@@ -33,11 +33,14 @@ class Method:
     requires: tuple[str, str] | None = None
     # why the method cannot take an asymmetric grid through its engine (None: it can)
     symmetric_only: str | None = None
+    # also solves NVFP4's FP4 grid (groups of 16 under a global scale: llm-compressor's
+    # tensor-group strategy); every other float scheme is round-to-nearest only
+    nvfp4: bool = False
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("gptq", "GPTQ", True, True, False, False, ("gptq",),
-           "Frantar et al., arXiv:2210.17323; llm-compressor GPTQModifier"),
+           "Frantar et al., arXiv:2210.17323; llm-compressor GPTQModifier", nvfp4=True),
     Method("awq", "AWQ", True, False, True, True, ("awq",),
            "Lin et al., arXiv:2306.00978; llm-compressor AWQModifier"),
     Method("rtn", "RTN", False, False, False, False, (),

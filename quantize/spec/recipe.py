@@ -234,9 +234,11 @@ class Recipe(Strict):
             raise ValueError(
                 f"{method.label} is weight-only; scheme {self.scheme} also quantizes "
                 "activations. Use W4A16_ASYM/W4A16, or method gptq/rtn")
-        if self.method != "rtn" and info.weight_type != "int":
+        nvfp4 = info.weight_type == "float" and info.fixed_group == 16
+        if self.method != "rtn" and info.weight_type != "int" and not (nvfp4 and method.nvfp4):
             raise ValueError(f"{method.label} needs an integer scheme; {self.scheme} is float. "
-                             "Use method: rtn for FP8")
+                             "Use method: rtn for FP8" + (", or method: gptq for NVFP4"
+                                                          if nvfp4 else ""))
         if self.smoothquant is not None and info.activations == "none":
             raise ValueError("smoothquant only helps schemes that quantize activations "
                              f"(W8A8, FP8...); {self.scheme} is weight-only. Remove it")
