@@ -148,9 +148,6 @@ class Scores:
         return cls({k: Score.model_validate(v) for k, v in data.items() if k != VLLM_KEY},
                    VllmLoad.model_validate(load) if load is not None else None)
 
-    def __getitem__(self, key: str) -> Any:
-        return self.vllm if key == VLLM_KEY else self.metrics[key]
-
 
 # --- MoE expert coverage (quantize.metrics.coverage) -------------------------------
 class CoverageLayer(Record):

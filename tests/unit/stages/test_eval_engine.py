@@ -197,7 +197,7 @@ def _vllm_and_hf(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
                                kv_cache_dtype="fp8")
     assert len(seen) == 1  # one request (one vLLM process) for every metric of the suite
     assert seen[0]["tp"] == 2 and seen[0]["kv_cache_dtype"] == "fp8"
-    return got, hf_evaluate(tiny_model, suite, "cpu", "reference"), seen
+    return (got.metrics, hf_evaluate(tiny_model, suite, "cpu", "reference").metrics, seen)
 
 
 def test_vllm_engine_scores_perplexity_as_the_hf_engine_and_passes_tp(
