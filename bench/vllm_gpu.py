@@ -257,7 +257,14 @@ def jobs() -> list[Job]:
 # --- the queue --------------------------------------------------------------------------------
 def env() -> dict[str, str]:
     e = dict(os.environ)
-    e.update(PYTHONPATH=f"{ROOT}{os.pathsep}{SITE}", HF_HUB_OFFLINE="1",
+    # GPU_VLLM_CODE: a folder holding a snapshot (`git archive HEAD quantize recipes
+    # calibration eval`) measured instead of the working tree, which may change while the queue
+    # runs; PYTHONSAFEPATH keeps `python -m` from putting the working tree first
+    code = os.environ.get("GPU_VLLM_CODE")
+    if code:
+        e["PYTHONSAFEPATH"] = "1"
+    path = [*([code] if code else []), str(ROOT), str(SITE)]
+    e.update(PYTHONPATH=os.pathsep.join(path), HF_HUB_OFFLINE="1",
              TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1",
              TOKENIZERS_PARALLELISM="false", QUANTIZE_CACHE=str(QCACHE),
              LLM_COMPRESSOR_LOG_LEVEL="ERROR", **VLLM_ENV)
