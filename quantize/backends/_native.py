@@ -47,7 +47,7 @@ def engine_run(engine: str, log: Path) -> Iterator[None]:
         with engine_output(log):
             yield
     except ENGINE_ERRORS as exc:
-        raise QuantizationError(f"{engine} failed: {first_line(exc)} (full log: {log})") \
+        raise QuantizationError(problem=f"{engine} failed: {first_line(exc)} (full log: {log})") \
             from exc
 
 

@@ -54,7 +54,8 @@ def check_support(recipe: Recipe, device: str, world_size: int,
                   visible_gpus: int | None = None) -> None:
     """Refuse, before any calibration, what cannot run data-parallel; one line each."""
     if world_size < 1:
-        raise QuantizeError(f"--gpus {world_size}: give a positive number of GPUs")
+        raise QuantizeError(problem=f"--gpus {world_size} is not positive",
+                            hint="give a positive number of GPUs")
     if world_size == 1:
         return
     if recipe.backend != "llmcompressor":
@@ -168,21 +169,21 @@ def launch(job: QuantizeJob, out: Path) -> dict[str, Any]:
                 shutil.rmtree(job.offload_dir, ignore_errors=True)
         result_file = Path(tmp) / "result.json"
         if rc != 0 or not result_file.is_file():
-            raise QuantizationError(_failure(Path(tmp), rc, log))
+            raise _failure(Path(tmp), rc, log)
         summary: dict[str, Any] = json.loads(result_file.read_text())
     summary["torchrun_s"] = round(time.perf_counter() - t0, 1)
     return summary
 
 
-def _failure(tmp: Path, rc: int, log: Path) -> str:
+def _failure(tmp: Path, rc: int, log: Path) -> QuantizationError:
     """The first failing rank's own error line (each rank writes error-<rank>.json)."""
     errors = [json.loads(p.read_text()) for p in tmp.glob("error-*.json")]
     if errors:  # the first to fail is the cause; the others lost their peer
         e = min(errors, key=lambda x: x["time"])
-        return (f"distributed quantization failed on rank {e['rank']}: {e['error']} "
-                f"(all ranks' output: {log})")
-    return (f"distributed quantization failed (torchrun exit status {rc}) before any rank "
-            f"reported an error; see {log}")
+        return QuantizationError(problem=f"distributed quantization failed on rank {e['rank']}: "
+                                 f"{e['error']} (all ranks' output: {log})")
+    return QuantizationError(problem=f"distributed quantization failed (torchrun exit status "
+                             f"{rc}) before any rank reported an error", hint=f"see {log}")
 
 
 def visible_gpus(device: str) -> int | None:

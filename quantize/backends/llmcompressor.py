@@ -251,7 +251,7 @@ def calibrate(model: Any, tokenizer: Any, job: QuantizeJob, samples: list[list[i
                     **kwargs)
     except (ValueError, RuntimeError, TypeError) as exc:
         msg = first_line(exc)
-        raise QuantizationError(f"llm-compressor failed: {msg}") from exc
+        raise QuantizationError(problem=f"llm-compressor failed: {msg}") from exc
 
 
 def calibration_columns(samples: list[list[int]], gpu: bool) -> dict[str, list[list[int]]]:

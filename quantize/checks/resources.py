@@ -207,11 +207,11 @@ def check_gpu_memory(est: GpuEstimate, batch: int, seq: int,
                      f"forward takes {est.forward / GiB:.1f} GiB)")
     fixes.append(f"--device cpu (about {host_need / GiB:.1f} GiB of host RAM)")
     raise ResourceError(
-        f"quantizing on the GPU needs about {need / GiB:.1f} GiB of GPU memory even with "
-        "sequential onloading and activations offloaded to host memory (layer "
-        f"{est.layer / GiB:.2f} GiB x 2, Hessians and solve {est.working / GiB:.2f}, forward "
-        f"{est.forward / GiB:.2f}) and {free / GiB:.1f} GiB is free; fix: "
-        + "; or ".join(fixes) + "; or free the GPU / use a larger one")
+        problem=f"quantizing on the GPU needs about {need / GiB:.1f} GiB of GPU memory even "
+                "with sequential onloading and activations offloaded to host memory (layer "
+                f"{est.layer / GiB:.2f} GiB x 2, Hessians and solve {est.working / GiB:.2f}, "
+                f"forward {est.forward / GiB:.2f}) and {free / GiB:.1f} GiB is free",
+        hint="fix: " + "; or ".join([*fixes, "free the GPU / use a larger one"]))
 
 
 def check_memory(meta: Any, recipe: Recipe, config: ModelConfig, device: str,
@@ -276,8 +276,8 @@ def check_disk(needs: list[DiskNeed], *, free: Any = None) -> dict[str, dict[str
             parts = ", ".join(f"{n.what} {_size(n.bytes)}" for n in group if n.bytes)
             where = " and ".join(sorted({str(n.path) for n in group}))
             raise ResourceError(
-                f"not enough disk space: this run writes about {_size(total)} to {where} "
-                f"({parts}) and {_size(room)} is free there; free space, or put the run "
-                "folder (--out) or the cache (QUANTIZE_CACHE) on a larger disk, or pass "
-                "--no-disk-check to try anyway")
+                problem=f"not enough disk space: this run writes about {_size(total)} to "
+                        f"{where} ({parts}) and {_size(room)} is free there",
+                hint="free space, or put the run folder (--out) or the cache "
+                     "(QUANTIZE_CACHE) on a larger disk, or pass --no-disk-check to try anyway")
     return facts

@@ -78,8 +78,9 @@ def _finish(pipe: Any) -> None:
     print_summary(pipe)
     if "gate" in pipe.keys and pipe.manifest.releasable is False:
         gate = pipe.manifest.result("gate", GateSummary)
-        raise GateFailed(f"gate failed on {', '.join(gate.failures)}; the run is marked "
-                         f"not releasable (details: {pipe.run_dir / 'gate' / 'gate.md'})")
+        raise GateFailed(problem=f"gate failed on {', '.join(gate.failures)}, so the run is "
+                                 "marked not releasable",
+                         hint=f"see {pipe.run_dir / 'gate' / 'gate.md'} for details")
 
 
 def _run_folder(run_dir: Path, until: str, suite: str | None, rerun: tuple[str, ...],
@@ -94,8 +95,10 @@ def _run_folder(run_dir: Path, until: str, suite: str | None, rerun: tuple[str, 
 
     m = RunFolder(run_dir).require()
     if m.recipe is None or m.model is None:
-        raise QuantizeError(f"{run_dir}/manifest.json names no recipe or model; re-run the "
-                            "pipeline with `quantize run RECIPE --model M --out DIR`")
+        raise QuantizeError(path=run_dir / "manifest.json", path_sep=" ",
+                            problem="names no recipe or model",
+                            hint="re-run the pipeline with `quantize run RECIPE --model M "
+                                 "--out DIR`")
     opts = RunOptions(recipe=m.recipe.ref or m.recipe.name, model=m.model.source,
                       dataset=m.dataset, out=run_dir, device=m.device or "auto", until=until,
                       suite=suite, rerun=rerun,
@@ -181,7 +184,8 @@ def _checkpoint_eval(folder: Path, suite: str | None, out: Path | None, req: Any
     click.echo((dest / "gate.md").read_text())
     click.echo(f"reports: {dest}")
     if s.gate.verdict != "pass":
-        raise GateFailed(f"gate failed: {', '.join(s.gate.failures)}; see {dest}/gate.md")
+        raise GateFailed(problem=f"gate failed: {', '.join(s.gate.failures)}",
+                         hint=f"see {dest}/gate.md")
 
 
 @main.command("gate", help=_help("gate"))

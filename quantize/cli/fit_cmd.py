@@ -199,4 +199,5 @@ def _assign_and_run(p: object, costs: dict[str, dict[int, float]], measured: boo
     if plot:
         info(f"Pareto plot: {plot}")
     if pipe.manifest.releasable is False:
-        raise GateFailed(f"gate failed; the run is marked not releasable ({run_dir}/gate)")
+        raise GateFailed(problem="gate failed, so the run is marked not releasable",
+                         hint=f"see {run_dir}/gate")

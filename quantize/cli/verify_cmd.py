@@ -51,8 +51,8 @@ def verify_cmd(target: Path, tp: int, kv_cache_dtype: str, vllm_python: Path | N
                    level=level, timeout_s=timeout_s, out=out, rerun=rerun)
     _print(s)
     if s.verdict != "pass":
-        raise VerifyError(f"{s.error or 'verification failed'} "
-                          f"(report: {s.out}/verify.json)")
+        raise VerifyError(problem=s.error or "verification failed",
+                          hint=f"see the report {s.out}/verify.json")
 
 
 def _print(s: VerifySummary) -> None:

@@ -52,14 +52,16 @@ def setup(model_spec: str, base: Recipe, serving: Serving | None, max_weights: i
     A base recipe's own mixed_precision is dropped: fit's assignment takes its place."""
     base = base.model_copy(update={"mixed_precision": None})
     if min_recovery is not None and not 0.0 < min_recovery <= 1.0:
-        raise FitError(f"--min-recovery {min_recovery} is outside (0, 1]: recovery is the "
-                       "share of the fp16 model's perplexity kept (1.0 = no loss); give e.g. "
-                       "0.9")
+        raise FitError(problem=f"--min-recovery {min_recovery} is outside (0, 1]: recovery is "
+                               "the share of the fp16 model's perplexity kept (1.0 = no loss)",
+                       hint="give e.g. 0.9")
     if serving is None and max_weights is None:
-        raise FitError("give --gpu (with --max-model-len and --concurrency) or --max-weights")
+        raise FitError(problem="no memory budget given",
+                       hint="give --gpu (with --max-model-len and --concurrency) or "
+                            "--max-weights")
     if serving is not None and (serving.gpus < 1 or serving.context < 1
                                 or serving.concurrency < 1):
-        raise FitError("--gpus, --max-model-len and --concurrency must be positive")
+        raise FitError(problem="--gpus, --max-model-len and --concurrency must be positive")
     bits = check_bits(base, bits)
     source = load_source(model_spec)
     model = meta(source.config)
@@ -76,10 +78,11 @@ def setup(model_spec: str, base: Recipe, serving: Serving | None, max_weights: i
     low = units.size(units.uniform(bits[0]))
     if budget.total < low:
         if serving is not None:
-            raise FitError(nearest(shape, serving, low, units.replicated, units.group))
-        raise FitError(f"--max-weights {budget.total / 1e6:,.1f} MB is below the smallest "
-                       f"assignment ({low / 1e6:,.1f} MB: every layer at {bits[0]} bits, "
-                       "embeddings and norms at the model dtype); give at least that")
+            raise nearest(shape, serving, low, units.replicated, units.group)
+        raise FitError(problem=f"--max-weights {budget.total / 1e6:,.1f} MB is below the "
+                               f"smallest assignment ({low / 1e6:,.1f} MB: every layer at "
+                               f"{bits[0]} bits, embeddings and norms at the model dtype)",
+                       hint="give at least that")
     return Problem(source, shape, model, base, units, budget, min_recovery)
 
 
@@ -97,14 +100,15 @@ def solve(p: Problem, costs: Costs, measured: bool) -> Assignment:
         sol = table.smallest_within(-math.log(p.min_recovery), room)
         if not sol.feasible:
             best = table.solve(room)
-            raise FitError(f"--min-recovery {p.min_recovery}: the best assignment within the "
-                           f"budget predicts {math.exp(-best.cost):.1%}; give more memory "
-                           "(more GPUs, fewer users, shorter context, fp8 KV) or lower it")
+            raise FitError(problem=f"--min-recovery {p.min_recovery}: the best assignment "
+                                   f"within the budget predicts {math.exp(-best.cost):.1%}",
+                           hint="give more memory (more GPUs, fewer users, shorter context, "
+                                "fp8 KV) or lower it")
     else:
         sol = table.solve(room)
     if not sol.feasible:  # setup() checked the lowest precision fits; rounding may not
-        raise FitError("no assignment fits the budget once sizes are rounded; give a "
-                       "slightly larger budget")
+        raise FitError(problem="no assignment fits the budget once sizes are rounded",
+                       hint="give a slightly larger budget")
     return make_assignment(p, {u.name: u.choices[j].bits
                                for u, j in zip(p.units.units, sol.picks, strict=True)},
                            costs, measured)

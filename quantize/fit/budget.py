@@ -36,8 +36,8 @@ def parse_size(text: str) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
     unit = m.group(2).lower() if m else ""
     if m is None or unit not in _UNITS or float(m.group(1)) <= 0:
-        raise FitError(f"--max-weights {text!r} is not a positive size; write e.g. 120MB, "
-                       "0.5GiB or a byte count")
+        raise FitError(problem=f"--max-weights {text!r} is not a positive size",
+                       hint="write e.g. 120MB, 0.5GiB or a byte count")
     return int(float(m.group(1)) * _UNITS[unit])
 
 
@@ -114,8 +114,8 @@ def weight_budget(shape: Shape, s: Serving, replicated: int, group: int | None) 
     """The weight budget that leaves room for the KV cache of C x L tokens."""
     problem = tp_problem(shape, s.gpus, group)
     if problem:
-        raise FitError(f"--gpus {s.gpus}: vLLM cannot shard this model {s.gpus} ways "
-                       f"({problem}); use --gpus {_tp_hint(shape, group)}")
+        raise FitError(problem=f"--gpus {s.gpus}: vLLM cannot shard this model {s.gpus} ways "
+                               f"({problem})", hint=f"use --gpus {_tp_hint(shape, group)}")
     mem = s.memory(shape, 0)
     need = kv_needed(shape, s)
     per_gpu = mem.available - need
@@ -135,8 +135,9 @@ def check_fit(shape: Shape, s: Serving, total: int, replicated: int) -> tuple[bo
 
 
 def nearest(shape: Shape, s: Serving, smallest: int, replicated: int,
-            group: int | None) -> str:
-    """One line: the nearest setups where the smallest assignment fits."""
+            group: int | None) -> FitError:
+    """The refusal when nothing fits, naming the nearest setups where the smallest assignment
+    fits."""
     def fits(t: Serving) -> bool:
         if tp_problem(shape, t.gpus, group):
             return False
@@ -156,8 +157,9 @@ def nearest(shape: Shape, s: Serving, smallest: int, replicated: int,
     if more:
         options.append(f"--gpus {more}")
     what = " or ".join(options) if options else f"a GPU with more memory than {s.gpu.name}"
-    return (f"nothing fits {s.describe()}: even every layer at the lowest precision "
-            f"({smallest / GIB:.2f} GiB) leaves too little KV room; nearest fitting setup: {what}")
+    return FitError(problem=f"nothing fits {s.describe()}: even every layer at the lowest "
+                            f"precision ({smallest / GIB:.2f} GiB) leaves too little KV room",
+                    hint=f"nearest fitting setup: {what}")
 
 
 def _with(s: Serving, **kw: object) -> Serving:

@@ -67,9 +67,9 @@ def check_bits(base: Recipe, bits: tuple[int, ...]) -> tuple[int, ...]:
     allowed = sorted({low, 8, 16})
     bad = [b for b in bits if b not in allowed]
     if bad or len(bits) < 2:
-        raise FitError(f"--bits {','.join(map(str, bits))}: choose two or more of "
-                       f"{','.join(map(str, allowed))} (the base recipe {base.name} is "
-                       f"{low}-bit)")
+        raise FitError(problem=f"--bits {','.join(map(str, bits))}: choose two or more of "
+                               f"{','.join(map(str, allowed))} (the base recipe {base.name} is "
+                               f"{low}-bit)")
     return tuple(sorted(set(bits)))
 
 

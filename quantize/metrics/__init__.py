@@ -34,11 +34,13 @@ def eval_text(spec: TextMetric) -> str:
     if spec.path is not None:
         p = Path(spec.path)
         if not p.is_file():
-            raise EvalError(f"metric {spec.name}: text file {p} does not exist; fix `path`")
+            raise EvalError(problem=f"metric {spec.name}: text file {p} does not exist",
+                            hint="fix `path`")
         try:
             return p.read_text(encoding="utf-8")
         except UnicodeDecodeError:
-            raise EvalError(f"metric {spec.name}: {p} is not UTF-8; convert it") from None
+            raise EvalError(problem=f"metric {spec.name}: {p} is not UTF-8",
+                            hint="convert it") from None
     assert spec.hub is not None
     texts = hub_texts(spec.hub, spec.subset, spec.split, spec.text_field, EvalError,
                       f"use `builtin: wiki-eval` offline (metric {spec.name})")
@@ -79,8 +81,9 @@ def token_windows(tokenizer: Any, spec: TextMetric) -> tuple[list[int], list[tup
     text = eval_text(spec)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][: spec.max_tokens]
     if len(ids) < spec.seq_len:
-        raise EvalError(f"metric {spec.name}: text has {len(ids)} tokens, fewer than seq_len "
-                        f"{spec.seq_len}; use more text or a shorter seq_len")
+        raise EvalError(problem=f"metric {spec.name}: text has {len(ids)} tokens, fewer than "
+                                f"seq_len {spec.seq_len}",
+                        hint="use more text or a shorter seq_len")
     if isinstance(spec, LongPerplexitySpec):
         return ids, tail_windows(len(ids), spec.seq_len, score_from(spec))
     return ids, windows(len(ids), spec.seq_len, stride(spec))
@@ -147,7 +150,7 @@ def _bigbench_docs(task: str) -> list[ChoiceDoc]:
     path = BIGBENCH_DIR / f"{task}.json"
     if not path.is_file():
         known = sorted(p.stem for p in BIGBENCH_DIR.glob("*.json"))
-        raise EvalError(f"no shipped BIG-bench task {task!r}; shipped: {known}")
+        raise EvalError(problem=f"no shipped BIG-bench task {task!r}", hint=f"shipped: {known}")
     data = json.loads(path.read_text(encoding="utf-8"))
     prefix = data.get("task_prefix", "")
     in_prefix = data.get("example_input_prefix", "\nQ: ")
@@ -249,10 +252,10 @@ def token_lm(tokenizer: Any, scorer: TokenScorer, max_length: int) -> Any:
             return out
 
         def loglikelihood_rolling(self, requests: Any, disable_tqdm: bool = False) -> Any:
-            raise EvalError("the vLLM engine scores multiple-choice tasks only")
+            raise EvalError(problem="the vLLM engine scores multiple-choice tasks only")
 
         def generate_until(self, requests: Any, disable_tqdm: bool = False) -> Any:
-            raise EvalError("the vLLM engine scores multiple-choice tasks only")
+            raise EvalError(problem="the vLLM engine scores multiple-choice tasks only")
 
     return TokenLM()
 
@@ -310,10 +313,10 @@ def multiple_choice(model: Any, tokenizer: Any, spec: MultipleChoiceSpec, batch_
                               bootstrap_iters=0)
     except Exception as exc:  # lm-eval raises bare exceptions for unknown tasks, offline...
         first = first_line(exc)
-        raise EvalError(f"metric {spec.name}: lm-eval failed on task {spec.task!r}: {first}") \
-            from None
+        raise EvalError(problem=f"metric {spec.name}: lm-eval failed on task {spec.task!r}: "
+                                f"{first}") from None
     if out is None or task not in out["results"]:
-        raise EvalError(f"metric {spec.name}: lm-eval returned no result for {task!r}")
+        raise EvalError(problem=f"metric {spec.name}: lm-eval returned no result for {task!r}")
     samples = sorted(out["samples"][task], key=lambda s: s["doc_id"])
     per_example = [float(s["acc"]) for s in samples]
     chosen = [_chosen(s["filtered_resps"]) for s in samples]

@@ -143,7 +143,7 @@ def flips(names: list[str], base: dict[str, Score], cand: dict[str, Score]
             to_wrong += int(bok > cok)
             to_right += int(cok > bok)
     if not per_item:
-        raise EvalError(f"answer_flips: no items in {names}")
+        raise EvalError(problem=f"answer_flips: no items in {names}")
     rate = sum(per_item) / len(per_item)
     return rate, per_item, {"of": ", ".join(names), "items": len(per_item),
                             "right_to_wrong": to_wrong, "wrong_to_right": to_right}

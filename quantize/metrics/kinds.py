@@ -127,11 +127,12 @@ SCORERS: dict[str, Scorer] = {
 }
 
 
-def vllm_problem(suite: EvalSuite) -> str | None:
-    """Why the vLLM engine cannot score this suite (None: it can)."""
+def vllm_problem(suite: EvalSuite) -> tuple[str, str] | None:
+    """Why the vLLM engine cannot score this suite and the fix, as an error's problem and
+    hint (None: it can)."""
     for m in suite.metrics:
         s = SCORERS[m.kind]
         if s.vllm is None:
             return (f"metric {m.name} (kind {m.kind}) is scored by the hf engine only: "
-                    f"{s.no_vllm}; use --engine hf or a suite without it")
+                    f"{s.no_vllm}", "use --engine hf or a suite without it")
     return None

@@ -201,8 +201,8 @@ def serving_dtype_bytes(config: ModelConfig) -> int:
     that is not a float checkpoint dtype is refused."""
     name = config_dtype(config) or "bfloat16"
     if name not in _SERVED:
-        raise ModelError(f"config.json dtype {name!r} is not bfloat16/float16/float32; plan from "
-                         "the unquantized model's config")
+        raise ModelError(problem=f"config.json dtype {name!r} is not bfloat16/float16/float32",
+                         hint="plan from the unquantized model's config")
     return 2
 
 

@@ -57,7 +57,8 @@ def decode_weight(t: dict[str, torch.Tensor], wargs: Args | None) -> torch.Tenso
     scale = t["weight_scale"].float()
     if "weight_packed" in t:
         if wargs is None:
-            raise VerifyError("a packed weight without weight arguments cannot be decoded")
+            raise VerifyError(problem="a packed weight without weight arguments cannot be "
+                                      "decoded")
         bits = wargs.num_bits
         out_f, in_f = (int(x) for x in t["weight_shape"].tolist())
         q = _unpack(t["weight_packed"], bits, in_f, 1) - (1 << (bits - 1))
@@ -78,8 +79,8 @@ def decode_weight(t: dict[str, torch.Tensor], wargs: Args | None) -> torch.Tenso
     if scale.shape[1] == 1:  # per channel
         return (q - (zp.float() if zp is not None else 0)) * scale
     if wargs is None:
-        raise VerifyError("a grouped or blocked weight without weight arguments cannot be "
-                          "decoded")
+        raise VerifyError(problem="a grouped or blocked weight without weight arguments cannot "
+                                  "be decoded")
     gs = int(wargs.group_size or in_f)
     g_idx = t.get("weight_g_idx")
     cols = g_idx.long() if g_idx is not None else torch.arange(in_f) // gs
@@ -117,9 +118,9 @@ def fp4_scales(t: dict[str, torch.Tensor], wargs: Args) -> torch.Tensor:
     if g is not None and not bool(torch.isfinite(g.float()).all()):
         # 448 * 6 / amax overflows float16 (65504) when a tensor's amax is below 0.041: an
         # NVFP4 export of a float16 model must then be made from a bfloat16 copy
-        raise VerifyError(f"weight_global_scale is {g.float().flatten()[0].item()} (not "
-                          "finite): the NVFP4 scale overflowed the checkpoint's float16; "
-                          "quantize a bfloat16 copy of the model")
+        raise VerifyError(problem=f"weight_global_scale is {g.float().flatten()[0].item()} "
+                                  "(not finite): the NVFP4 scale overflowed the checkpoint's "
+                                  "float16", hint="quantize a bfloat16 copy of the model")
     return scale / g.float().reshape(()) if g is not None else scale
 
 
@@ -175,13 +176,14 @@ def native_args(qc: QuantConfig) -> NativeArgs:
     gs = int(w.group_size) if w and w.group_size else -1
     fmt = qc.native_version or ""
     if qc.method == "gptq" and fmt not in ("gptq", "gptq_v2"):
-        raise VerifyError(f"native GPTQ checkpoint_format {fmt!r} has no reference decode; "
-                          "verify handles gptq and gptq_v2")
+        raise VerifyError(problem=f"native GPTQ checkpoint_format {fmt!r} has no reference "
+                                  "decode", hint="verify handles gptq and gptq_v2")
     if qc.method == "awq" and (fmt.lower() != "gemm" or bits != 4):
-        raise VerifyError(f"native AWQ {fmt!r} {bits}-bit has no reference decode; verify "
-                          "handles 4-bit GEMM")
+        raise VerifyError(problem=f"native AWQ {fmt!r} {bits}-bit has no reference decode",
+                          hint="verify handles 4-bit GEMM")
     if qc.method not in ("gptq", "awq"):
-        raise VerifyError(f"quant_method {qc.method!r} is not a native GPTQ/AWQ checkpoint")
+        raise VerifyError(problem=f"quant_method {qc.method!r} is not a native GPTQ/AWQ "
+                                  "checkpoint")
     return NativeArgs(qc.method, bits, gs, 1 if (qc.method, fmt) == ("gptq", "gptq") else 0)
 
 
@@ -323,7 +325,7 @@ def build_reference(ckpt: Path, config: ModelConfig) -> tuple[Any, dict[str, tor
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     moe.linearize(model)  # MoE: one Linear per expert projection, as the export stores them
     rename = moe_load.model_namer(model)  # stored names -> the model's (Mixtral's differ)
-    qc = require_quant_config(moe_load.in_model_terms(config, rename), f"{ckpt}: ",
+    qc = require_quant_config(moe_load.in_model_terms(config, rename), ckpt,
                               "there is nothing to decode")
     raw = moe_load.stored_tensors(ckpt, rename)
     if (kv := qc.kv_cache) is not None:  # K/V quantized on their way into the cache, too
@@ -359,8 +361,9 @@ def build_reference(ckpt: Path, config: ModelConfig) -> tuple[Any, dict[str, tor
     missing, _unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (m == "lm_head.weight" and cfg.tie_word_embeddings)]
     if missing:
-        raise VerifyError(f"{ckpt}: the reference decode found no tensor for {missing[:3]}; "
-                          "the checkpoint is incomplete - re-run the export")
+        raise VerifyError(path=ckpt, problem=f"the reference decode found no tensor for "
+                                             f"{missing[:3]}: the checkpoint is incomplete",
+                          hint="re-run the export")
     if cfg.tie_word_embeddings:
         model.tie_weights()
     return model, decoded

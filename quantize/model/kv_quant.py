@@ -38,20 +38,21 @@ def quantize_kv_cache(model: Any, raw: dict[str, torch.Tensor], kv: Args,
     tensors by the model's names) so that the keys and values it caches go through
     `quantize(values, scale)` first. Returns the number of modules hooked."""
     if kv.dynamic or kv.strategy != "tensor":
-        raise VerifyError(f"the reference decode has no KV-cache quantization for a "
-                          f"{'dynamic' if kv.dynamic else kv.strategy} scheme; it applies "
-                          "static per-tensor k_scale/v_scale (what vLLM reads)")
+        raise VerifyError(problem=f"the reference decode has no KV-cache quantization for a "
+                                  f"{'dynamic' if kv.dynamic else kv.strategy} scheme",
+                          hint="it applies static per-tensor k_scale/v_scale (what vLLM reads)")
     scales = kv_scales(raw)
     if not scales:
-        raise VerifyError("the export declares a kv_cache_scheme but stores no "
-                          "k_scale/v_scale tensors; the export is incomplete - re-run it")
+        raise VerifyError(problem="the export declares a kv_cache_scheme but stores no "
+                                  "k_scale/v_scale tensors: the export is incomplete",
+                          hint="re-run it")
     modules = dict(model.named_modules())
     for name, (k_scale, v_scale) in scales.items():
         mod = modules.get(name)
         if mod is None or "past_key_values" not in inspect.signature(mod.forward).parameters:
-            raise VerifyError(f"{name}: the export stores KV-cache scales for a module that "
-                              "is not an attention layer taking `past_key_values`; the "
-                              "reference decode cannot apply its KV-cache scheme")
+            raise VerifyError(path=name, problem="the export stores KV-cache scales for a "
+                              "module that is not an attention layer taking `past_key_values`, "
+                              "so the reference decode cannot apply its KV-cache scheme")
         mod.register_forward_pre_hook(_hook(k_scale.float(), v_scale.float(), quantize),
                                       with_kwargs=True)
     return len(scales)

@@ -308,8 +308,8 @@ def load_linearized(ckpt: Path, config: ModelConfig) -> Any:
     missing = [m for m in missing if not (m == "lm_head.weight" and
                                           getattr(model.config, "tie_word_embeddings", False))]
     if missing:
-        raise QuantizeError(f"{ckpt}: no stored tensor for {missing[:3]}; the export is "
-                            "incomplete - re-run it")
+        raise QuantizeError(path=ckpt, problem=f"no stored tensor for {missing[:3]}: the "
+                                               "export is incomplete", hint="re-run it")
     compressor.decompress_model(model)
     with torch.no_grad():  # FP4 (nvfp4, mxfp4) decompresses into bf16 weights: back to fp32
         for p in model.parameters():

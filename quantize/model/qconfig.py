@@ -14,6 +14,7 @@ the messages that name the block are built here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -277,12 +278,13 @@ def read_quant_config(config: ModelConfig) -> QuantConfig | None:
     return parse(qc) if qc else None
 
 
-def require_quant_config(config: ModelConfig, where: str, consequence: str) -> QuantConfig:
-    """The checkpoint's quantization_config, typed; ModelError naming `where` (the file's
-    folder and separator) and `consequence` when the config has none."""
+def require_quant_config(config: ModelConfig, folder: Path, consequence: str) -> QuantConfig:
+    """The checkpoint's quantization_config, typed; ModelError naming the config.json in
+    `folder` and `consequence` when the config has none."""
     qc = read_quant_config(config)
     if qc is None:
-        raise ModelError(f"{where}config.json has no quantization_config; {consequence}")
+        raise ModelError(path=folder / "config.json", path_sep=" ",
+                         problem=f"has no quantization_config, so {consequence}")
     return qc
 
 
@@ -295,12 +297,6 @@ def quant_method(config: ModelConfig) -> str | None:
 def method_is(method: object) -> str:
     """How a message names a checkpoint's quantization method."""
     return f"quantization_config.quant_method is {method!r}"
-
-
-def unsized_method(method: str | None) -> str:
-    """The planner's refusal of a quantization method it cannot size."""
-    return (f"cannot size quantization_config quant_method {method!r}; plan from the "
-            "unquantized base model's config.json instead")
 
 
 def raw_quant_config(config: ModelConfig) -> dict[str, Any] | None:

@@ -124,7 +124,7 @@ def _download(repo_id: str) -> Path:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
     except ImportError as exc:  # pragma: no cover - a dependency
-        raise ModelError(f"huggingface_hub is needed for Hub ids: {exc}") from None
+        raise ModelError(problem=f"huggingface_hub is needed for Hub ids: {exc}") from None
     try:
         path = snapshot_download(
             repo_id,

@@ -46,7 +46,8 @@ def pick_device(requested: str) -> str:
             import torch
 
             if not torch.cuda.is_available():
-                raise QuantizeError("--device cuda but no CUDA GPU is visible; use --device cpu")
+                raise QuantizeError(problem="--device cuda but no CUDA GPU is visible",
+                                    hint="use --device cpu")
         return requested
     import torch
 

@@ -46,17 +46,20 @@ def _recipe(folder: Path, name: str) -> Recipe:
 def evaluate(folder: Path, suite_name: str | None, out: Path, device: str,
              engine: EvalEngineRequest | None = None) -> CheckpointEval:
     if not is_checkpoint(folder) or not (folder / MANIFEST).is_file():
-        raise EvalError(f"{folder} is neither a run folder nor an export of one (no "
-                        "config.json + manifest.json); give runs/<model>-<recipe> or its export/")
+        raise EvalError(path=folder, path_sep=" ",
+                        problem="is neither a run folder nor an export of one (no config.json "
+                                "+ manifest.json)",
+                        hint="give runs/<model>-<recipe> or its export/")
     manifest = read_export_manifest(folder / MANIFEST)
     if manifest.model is None or manifest.recipe is None:
-        raise EvalError(f"{folder / MANIFEST} names no model or recipe; re-export the run")
+        raise EvalError(path=folder / MANIFEST, path_sep=" ", problem="names no model or recipe",
+                        hint="re-export the run")
     model = resolve_model(manifest.model.source)
     fingerprint = model_fingerprint(model)
     if fingerprint != manifest.model.fingerprint:
-        raise EvalError(f"the baseline model {manifest.model.source} changed since this "
-                        "checkpoint was made (fingerprint differs); evaluate against the model it "
-                        "came from")
+        raise EvalError(problem=f"the baseline model {manifest.model.source} changed since "
+                                "this checkpoint was made (fingerprint differs)",
+                        hint="evaluate against the model it came from")
     recipe = _recipe(folder, manifest.recipe.name)
     suite = suite_for(recipe, suite_name)
     req = engine or EvalEngineRequest()

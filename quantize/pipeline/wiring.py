@@ -178,7 +178,8 @@ def eval(pipe: PipelineView) -> Plan:
 
     def execute(out: Path) -> EvalSummary:
         if not export.is_dir():
-            raise EvalError(f"{export} is missing; run the export stage first")
+            raise EvalError(path=export, path_sep=" ", problem="is missing",
+                            hint="run the export stage first")
         return stage.run(export, pipe.model.path, pipe.fingerprint(), suite,
                          pipe.device, pipe.manifest.versions, out, choice)
 

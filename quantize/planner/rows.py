@@ -113,7 +113,7 @@ class RowBuilder:
 
         layers = targeted_layers(self.model, recipe.targets, recipe.ignore)
         if not layers:
-            raise PreflightError("the recipe's targets match no layer of this model")
+            raise PreflightError(problem="the recipe's targets match no layer of this model")
         return resolve_group_size(recipe, layers)
 
     def _estimate(self, recipe: Recipe | None) -> WeightEstimate | None:

@@ -24,7 +24,6 @@ from quantize.model.qconfig import (
     QuantConfig,
     quant_method,
     read_quant_config,
-    unsized_method,
 )
 from quantize.spec.recipe import Recipe
 from quantize.spec.schemes import SCHEMES
@@ -214,9 +213,9 @@ def _meta(config_json: str) -> Any:
     except QuantizeError:
         raise
     except Exception as exc:
-        raise PlanError(f"transformers cannot build model_type {config.model_type!r} "
-                        f"from this config ({type(exc).__name__}: {exc}); check config.json "
-                        "or upgrade transformers") from None
+        raise PlanError(problem=f"transformers cannot build model_type {config.model_type!r} "
+                                f"from this config ({type(exc).__name__}: {exc})",
+                        hint="check config.json or upgrade transformers") from None
 
 
 def meta(config: ModelConfig) -> Any:
@@ -260,10 +259,16 @@ def published_quant(config: ModelConfig) -> QuantConfig | None:
     try:
         qc = read_quant_config(config)
     except PlanError:  # a method the reader does not know
-        raise PlanError(unsized_method(quant_method(config))) from None
+        raise _unsized(quant_method(config)) from None
     if qc is not None and qc.method not in SIZED_METHODS:
-        raise PlanError(unsized_method(qc.method))
+        raise _unsized(qc.method)
     return qc
+
+
+def _unsized(method: str | None) -> PlanError:
+    """The planner's refusal of a quantization method it cannot size."""
+    return PlanError(problem=f"cannot size quantization_config quant_method {method!r}",
+                     hint="plan from the unquantized base model's config.json instead")
 
 
 def published_layers(model: Any, qc: QuantConfig) -> tuple[LayerPlan, str]:

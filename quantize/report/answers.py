@@ -111,7 +111,7 @@ def ask(checkpoint: Path, workdir: Path, host: vhost.Host,
         req.dtype = dtype
     res = vllm_io.generate(Path(host.vllm_python), req, workdir, "answers", TIMEOUT_S)
     if not res.ok:
-        raise QuantizeError(f"vLLM could not answer with {checkpoint}: {res.error}")
+        raise QuantizeError(problem=f"vLLM could not answer with {checkpoint}: {res.error}")
     eos = getattr(tok, "eos_token_id", None)
     answers = []
     for q, out in zip(qs.questions, res.outputs, strict=True):

@@ -62,8 +62,8 @@ def _load(run_dir: Path) -> CompareRow:
                                    for s in ("quantize", "export", "eval"))
     if (manifest is None or manifest.model is None or manifest.recipe is None
             or quantize is None or export is None or evaluated is None):
-        raise QuantizeError(f"{run_dir}: needs manifest.json and eval/eval.json; run "
-                            f"`quantize eval {run_dir}` first") from None
+        raise QuantizeError(path=run_dir, problem="needs manifest.json and eval/eval.json",
+                            hint=f"run `quantize eval {run_dir}` first") from None
     gate_path = run_dir / "gate" / "gate.json"
     verdict = GateSummary.model_validate_json(gate_path.read_text()).verdict \
         if gate_path.is_file() else "not gated"
@@ -184,7 +184,7 @@ def _ask_all(rows: list[CompareRow], run_dirs: list[Path], out: Path) -> None:
 
 def compare(run_dirs: list[Path], out: Path, questions: bool = False) -> list[CompareRow]:
     if not run_dirs:
-        raise QuantizeError("give at least one run folder")
+        raise QuantizeError(problem="no run folder given", hint="give at least one run folder")
     rows = [_load(d) for d in run_dirs]
     out.mkdir(parents=True, exist_ok=True)
     if questions:

@@ -114,8 +114,8 @@ class Manifest(_Record):
         """A finished stage's summary, typed; a one-line error when the stage has not run."""
         rec = self.stage(name)
         if rec is None:
-            raise ExportError(f"the run has no finished {name} stage; run it first "
-                              "(quantize run, or the stage's own command)")
+            raise ExportError(problem=f"the run has no finished {name} stage",
+                              hint="run it first (quantize run, or the stage's own command)")
         return rec.result(model)
 
     def to_json(self) -> dict[str, Json]:
@@ -160,9 +160,10 @@ def _read(path: Path, model: type[M]) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         where = ".".join(str(x) for x in exc.errors()[0]["loc"])
-        raise ExportError(f"{path} is not a manifest this version reads ({where}: "
-                          f"{exc.errors()[0]['msg']}); re-run the pipeline into a new "
-                          "folder") from None
+        raise ExportError(path=path, path_sep=" ",
+                          problem=f"is not a manifest this version reads ({where}: "
+                                  f"{exc.errors()[0]['msg']})",
+                          hint="re-run the pipeline into a new folder") from None
 
 
 class RunFolder:
@@ -199,8 +200,10 @@ class RunFolder:
         if not self.is_run():
             from quantize.errors import QuantizeError
 
-            raise QuantizeError(f"{self.path} is not a run folder (no manifest.json); give the "
-                                "folder `quantize run` wrote, e.g. runs/<model>-<recipe>")
+            raise QuantizeError(path=self.path, path_sep=" ",
+                                problem="is not a run folder (no manifest.json)",
+                                hint="give the folder `quantize run` wrote, e.g. "
+                                     "runs/<model>-<recipe>")
         return self.read()
 
     def verified_stage(self, manifest: Manifest, name: str) -> StageRecord | None:

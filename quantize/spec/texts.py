@@ -21,8 +21,9 @@ def hub_texts(hub: str, subset: str | None, split: str, field: str,
     try:
         ds = datasets.load_dataset(hub, subset, split=split)
     except Exception as exc:
-        raise error(f"cannot load dataset {hub!r} ({first_line(exc)}); {hint}") from None
+        raise error(problem=f"cannot load dataset {hub!r} ({first_line(exc)})",
+                    hint=hint) from None
     if field not in ds.column_names:
-        raise error(f"dataset {hub!r} has no column {field!r} "
-                    f"(columns: {ds.column_names}); set text_field")
+        raise error(problem=f"dataset {hub!r} has no column {field!r} (columns: "
+                            f"{ds.column_names})", hint="set text_field")
     return [t if isinstance(t, str) else json.dumps(t) for t in ds[field] if t]

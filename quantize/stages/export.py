@@ -37,14 +37,17 @@ def check_checkpoint(folder: Path) -> ModelConfig:
     """What vLLM needs to load with no flags: config with a quantization block, safetensors."""
     missing = [f for f in REQUIRED if not (folder / f).is_file()]
     if missing:
-        raise ExportError(f"{folder} lacks {missing}; the engine did not finish saving")
+        raise ExportError(path=folder, path_sep=" ",
+                          problem=f"lacks {missing} (the engine did not finish saving)")
     if not list(folder.glob("*.safetensors")):
-        raise ExportError(f"{folder} has no *.safetensors weights")
+        raise ExportError(path=folder, path_sep=" ", problem="has no *.safetensors weights")
     pickles = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl")]
     if pickles:
-        raise ExportError(f"{folder} holds pickle files {pickles}; exports are safetensors only")
+        raise ExportError(path=folder, path_sep=" ",
+                          problem=f"holds pickle files {pickles}, but exports are safetensors "
+                                  "only")
     config = read_config(folder)
-    require_quant_config(config, f"{folder}/", "vLLM would load it as an unquantized model")
+    require_quant_config(config, folder, "vLLM would load it as an unquantized model")
     return config
 
 

@@ -96,9 +96,9 @@ def checkpoint_format(config: ModelConfig) -> CheckpointFormat:
     stage does not write."""
     quant = read_quant_config(config)
     if quant is not None and quant.method not in VERIFIED_METHODS:
-        raise VerifyError(f"{method_is(quant.method)}; verify "
-                          "handles compressed-tensors and native gptq/awq checkpoints (the "
-                          "export formats)")
+        raise VerifyError(problem=method_is(quant.method),
+                          hint="verify handles compressed-tensors and native gptq/awq "
+                               "checkpoints (the export formats)")
     return CheckpointFormat(quant, head_dim(config), config_dtype(config))
 
 

@@ -95,8 +95,8 @@ def check_engine(suite: EvalSuite, choice: EngineChoice | None) -> None:
     if choice is not None and choice.name == "vllm":
         from quantize.metrics.kinds import vllm_problem
 
-        if (problem := vllm_problem(suite)) is not None:
-            raise EvalError(f"eval engine vllm ({choice.reason}): {problem}")
+        if (why := vllm_problem(suite)) is not None:
+            raise EvalError(problem=f"eval engine vllm ({choice.reason}): {why[0]}", hint=why[1])
 
 
 def engine_key(choice: EngineChoice | None) -> EngineKey | None:
@@ -128,7 +128,7 @@ def load_model(path: Path, device: str) -> tuple[Any, Any]:
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, RuntimeError) as exc:
         first = first_line(exc)
-        raise EvalError(f"cannot load {path} for evaluation: {first}") from None
+        raise EvalError(problem=f"cannot load {path} for evaluation: {first}") from None
     model.eval()
     return model, tok
 

@@ -86,8 +86,8 @@ def evaluate(path: Path, suite: EvalSuite, choice: EngineChoice, label: str, wor
     windows: dict[str, list[Window]] = {}  # perplexity kinds
     # each kind's path in vLLM (quantize.metrics.kinds); derived kinds are paired later
     scored = [m for m in suite.metrics if SCORERS[m.kind].vllm != "derived"]
-    if (problem := vllm_problem(suite)) is not None:
-        raise EvalError(f"--engine vllm: {problem}")
+    if (why := vllm_problem(suite)) is not None:
+        raise EvalError(problem=f"--engine vllm: {why[0]}", hint=why[1])
     with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
         work = Path(tmp)
         for spec in scored:
@@ -99,8 +99,9 @@ def evaluate(path: Path, suite: EvalSuite, choice: EngineChoice, label: str, wor
                 assert isinstance(spec, TextMetric)
                 seqs, starts, wins = _windows(tok, spec)
                 if max(len(s) for s in seqs) > max_length:
-                    raise EvalError(f"metric {spec.name}: seq_len {spec.seq_len} exceeds the "
-                                    f"model's {max_length} positions; use a shorter seq_len")
+                    raise EvalError(problem=f"metric {spec.name}: seq_len {spec.seq_len} "
+                                            f"exceeds the model's {max_length} positions",
+                                    hint="use a shorter seq_len")
                 windows[spec.name] = wins
             groups.append(ScoreGroup(name=spec.name, sequences=seqs, score_from=starts))
         req = request(path, choice, groups, dtype, kv_cache_dtype)
@@ -108,8 +109,8 @@ def evaluate(path: Path, suite: EvalSuite, choice: EngineChoice, label: str, wor
                   f"in vLLM (tp {choice.tp}, kv cache {kv_cache_dtype})"):
             res = score(Path(choice.vllm_python), req, workdir, label, TIMEOUT_S)
         if not res.ok:
-            raise EvalError(f"vLLM could not score the {label} ({path}): {res.error} "
-                            f"(log: {res.log}); use --engine hf")
+            raise EvalError(problem=f"vLLM could not score the {label} ({path}): {res.error} "
+                                    f"(log: {res.log})", hint="use --engine hf")
         results = Scores()
         for spec, group in zip(scored, res.groups, strict=True):
             outs = [(o.logprobs, o.ranks) for o in group.outputs]
@@ -139,8 +140,9 @@ def _replay(tok: Any, spec: MultipleChoiceSpec, max_length: int, keys: list[Key]
         try:
             return [table[(tuple(s), st)] for s, st in zip(seqs, starts, strict=True)]
         except KeyError:
-            raise EvalError(f"metric {spec.name}: lm-eval asked for a sequence it did not ask "
-                            "for in the first pass (a non-deterministic task?)") from None
+            raise EvalError(problem=f"metric {spec.name}: lm-eval asked for a sequence it did "
+                                    "not ask for in the first pass (a non-deterministic task?)") \
+                from None
 
     t0 = time.perf_counter()
     r = metrics.multiple_choice(None, tok, spec, 1, work,

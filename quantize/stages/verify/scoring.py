@@ -65,8 +65,8 @@ def load_hf(ckpt: Path) -> Any:
                 model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:  # incl. NotImplementedError
         first = first_line(exc)
-        raise VerifyError(f"transformers cannot load {ckpt}: {type(exc).__name__}: {first}") \
-            from exc
+        raise VerifyError(problem=f"transformers cannot load {ckpt}: {type(exc).__name__}: "
+                                  f"{first}") from exc
     unfuse_native_kernels(model)
     return model.eval()
 

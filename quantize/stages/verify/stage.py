@@ -46,9 +46,11 @@ class VerifyOptions:
 
     def check(self) -> None:
         if self.level not in LEVELS:
-            raise VerifyError(f"unknown level {self.level!r}; use auto, vllm or decode")
+            raise VerifyError(problem=f"unknown level {self.level!r}",
+                              hint="use auto, vllm or decode")
         if self.tp < 1:
-            raise VerifyError(f"--tp {self.tp}: tensor parallelism needs a positive integer")
+            raise VerifyError(problem=f"--tp {self.tp}: tensor parallelism needs a positive "
+                                      "integer")
 
     def host(self) -> vhost.Host:
         """The vLLM environment to verify with (probed unless the decode level was asked)."""

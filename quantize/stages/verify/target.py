@@ -39,7 +39,8 @@ def resolve_target(path: Path) -> tuple[Path, Path | None]:
 def checkpoint_config(ckpt: Path) -> ModelConfig:
     """config.json of a checkpoint that has weights to verify."""
     if not list(ckpt.glob("*.safetensors")):
-        raise VerifyError(f"{ckpt} has no *.safetensors weights; re-run the export")
+        raise VerifyError(path=ckpt, path_sep=" ", problem="has no *.safetensors weights",
+                          hint="re-run the export")
     return read_config(ckpt)
 
 

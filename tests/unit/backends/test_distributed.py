@@ -105,13 +105,15 @@ def test_failure_names_the_first_rank_to_fail(tmp_path: Path) -> None:
         {"rank": 0, "time": 20.0, "error": "RuntimeError: Connection closed by peer"}))
     (tmp_path / "error-1.json").write_text(json.dumps(
         {"rank": 1, "time": 10.0, "error": "OutOfMemoryError: CUDA out of memory"}))
-    msg = d._failure(tmp_path, 1, tmp_path / "torchrun.log")
-    assert msg.startswith("distributed quantization failed on rank 1: OutOfMemoryError")
-    assert str(tmp_path / "torchrun.log") in msg
+    err = d._failure(tmp_path, 1, tmp_path / "torchrun.log")
+    assert err.problem == ("distributed quantization failed on rank 1: OutOfMemoryError: CUDA "
+                           f"out of memory (all ranks' output: {tmp_path / 'torchrun.log'})")
     (tmp_path / "error-0.json").unlink()
     (tmp_path / "error-1.json").unlink()
-    assert "(torchrun exit status 1) before any rank reported" in d._failure(
-        tmp_path, 1, tmp_path / "x")
+    err = d._failure(tmp_path, 1, tmp_path / "x")
+    assert err.problem == ("distributed quantization failed (torchrun exit status 1) before "
+                           "any rank reported an error")
+    assert err.hint == f"see {tmp_path / 'x'}"
 
 
 def test_cli_has_gpus_and_refuses_before_calibration(tmp_path: Path) -> None:

@@ -126,12 +126,15 @@ def test_gpu_refused_with_needed_free_and_each_fix(monkeypatch: pytest.MonkeyPat
     _free(monkeypatch, gpu=4.0)
     with pytest.raises(ResourceError) as err:
         check_memory(meta, r, cfg, "cuda", WINDOWS, 8)
-    msg = str(err.value)
-    assert "\n" not in msg
-    assert "even with sequential onloading and activations offloaded" in msg
-    assert "and 4.0 GiB is free" in msg and "needs about 15.4 GiB of GPU memory" in msg
-    assert "set `batch_size: 1` in the recipe (the calibration batch of 8" in msg
-    assert "a shorter seq_len than 2048" in msg and "--device cpu (about 74.8 GiB" in msg
+    problem, hint = err.value.problem, err.value.hint
+    assert "\n" not in str(err.value) and problem is not None and hint is not None
+    assert problem.startswith("quantizing on the GPU needs about 15.4 GiB of GPU memory even "
+                              "with sequential onloading and activations offloaded")
+    assert problem.endswith(" and 4.0 GiB is free")
+    assert hint.startswith("fix: set `batch_size: 1` in the recipe (the calibration batch of 8")
+    assert "; or a shorter seq_len than 2048" in hint
+    assert "; or --device cpu (about 74.8 GiB" in hint
+    assert hint.endswith("; or free the GPU / use a larger one")
     # batch 1 fits where batch 8 did not: the fix the message names works
     _free(monkeypatch, gpu=7.0)
     assert check_memory(meta, r, cfg, "cuda", WINDOWS, 1)["gpu_placement"] == "onload+offload"

@@ -65,7 +65,7 @@ def test_a_suite_file_names_the_line_and_field_without_the_kind_tag(tmp_path: Pa
                  "    threshold: 0.9\n    top_k: 8\n")
     with pytest.raises(RecipeError) as err:
         load_suite(str(p))
-    assert err.value.line == 8 and "metrics.0.top_k: unknown field" in str(err.value)
+    assert (err.value.line, err.value.problem) == (8, "metrics.0.top_k: unknown field")
 
 
 def test_answer_flips_pool_the_suites_multiple_choice_metrics() -> None:
@@ -135,8 +135,8 @@ def test_a_new_kind_is_one_entry_in_each_table(monkeypatch: pytest.MonkeyPatch,
         row = gate.judge(compare(suite, base, cand)[0])
         assert (row.recovery, row.verdict) == (0.8, "fail")
         assert kinds.vllm_problem(suite) == ("metric v (kind vocab_size) is scored by the hf "
-                                             "engine only: a fake; use --engine hf or a suite "
-                                             "without it")
+                                             "engine only: a fake",
+                                             "use --engine hf or a suite without it")
     finally:
         monkeypatch.undo()
         rebuild_suite()
@@ -165,7 +165,10 @@ def test_the_vllm_engine_is_refused_before_any_model_loads(tmp_path: Path) -> No
     with pytest.raises(EvalError) as err:  # the paths do not exist: nothing was loaded
         run(tmp_path / "no-candidate", tmp_path / "no-base", "f", suite, "cpu", {},
             tmp_path, choice)
-    assert "metric kld (kind kl_divergence) is scored by the hf engine only" in str(err.value)
+    assert err.value.problem is not None and err.value.problem.startswith(
+        "eval engine vllm (asked for): metric kld (kind kl_divergence) is scored by the hf "
+        "engine only: ")
+    assert err.value.hint == "use --engine hf or a suite without it"
 
 
 def test_structural_rows_keep_the_ratio_rule() -> None:

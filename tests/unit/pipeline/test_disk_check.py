@@ -22,18 +22,22 @@ def test_refuses_on_one_line_naming_need_free_path_and_fix(tmp_path: Path) -> No
              DiskNeed("export", tmp_path / "run", 4 * MiB)]
     with pytest.raises(ResourceError) as err:
         check_disk(needs, free=lambda _p: 100 * MiB)
-    msg = str(err.value)
-    assert "\n" not in msg
-    assert "304.0 MiB" in msg and "100.0 MiB is free" in msg and str(tmp_path / "run") in msg
-    assert "quantize 300.0 MiB" in msg and "--no-disk-check" in msg and "--out" in msg
+    assert "\n" not in str(err.value)
+    assert err.value.problem == (f"not enough disk space: this run writes about 304.0 MiB to "
+                                 f"{tmp_path / 'run'} (quantize 300.0 MiB, export 4.0 MiB) and "
+                                 "100.0 MiB is free there")
+    assert err.value.hint is not None
+    assert "--no-disk-check" in err.value.hint and "--out" in err.value.hint
 
 
 def test_needs_on_one_file_system_add_up(tmp_path: Path) -> None:
     """The run folder and the cache on one disk share its free space: 60 + 60 > 100."""
     needs = [DiskNeed("quantize", tmp_path / "run", 60 * MiB),
              DiskNeed("baseline cache", tmp_path / "cache", 60 * MiB)]
-    with pytest.raises(ResourceError, match=r"120\.0 MiB"):
+    with pytest.raises(ResourceError) as err:
         check_disk(needs, free=lambda _p: 100 * MiB)
+    assert err.value.problem is not None
+    assert err.value.problem.startswith("not enough disk space: this run writes about 120.0 MiB")
     facts = check_disk(needs, free=lambda _p: 200 * MiB)
     assert facts == {"disk_needed_bytes": {"quantize": 60 * MiB, "baseline cache": 60 * MiB}}
 

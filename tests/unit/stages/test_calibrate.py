@@ -97,10 +97,11 @@ def test_jsonl_and_folder_sources(tmp_path: Path) -> None:
 
 
 def test_paths_cannot_escape_the_spec_folder(tmp_path: Path) -> None:
-    with pytest.raises(RecipeError, match="leaves the spec's folder"):
-        calibrate.read_texts(spec(builtin=None, path="../etc/passwd"), tmp_path)
-    with pytest.raises(RecipeError, match="leaves the spec's folder"):
-        calibrate.read_texts(spec(builtin=None, path="/etc/hostname"), tmp_path)
+    for raw in ("../etc/passwd", "/etc/hostname"):
+        with pytest.raises(RecipeError) as err:
+            calibrate.read_texts(spec(builtin=None, path=raw), tmp_path)
+        assert err.value.problem == f"calibration path {raw!r} leaves the spec's folder"
+        assert err.value.hint is not None and "allow_external_path: true" in err.value.hint
 
 
 def test_missing_path() -> None:
@@ -121,5 +122,7 @@ def test_dataset_override_keeps_the_recipe_sizes(tmp_path: Path) -> None:
         calibrate.resolve_spec(load_recipe("gptq-int4"), "./missing.txt")
     assert err.value.problem == "dataset './missing.txt': no such file or folder"
     assert err.value.hint is not None and "hf:<id>" in err.value.hint
-    with pytest.raises(RecipeError, match="unknown calibration spec 'wikk'; did you mean 'wiki'"):
+    with pytest.raises(RecipeError) as unknown:
         calibrate.resolve_spec(load_recipe("gptq-int4"), "wikk")
+    assert unknown.value.problem == "unknown calibration spec 'wikk'"
+    assert unknown.value.hint is not None and unknown.value.hint.startswith("did you mean 'wiki'?")
