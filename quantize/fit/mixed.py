@@ -49,10 +49,12 @@ def allocate(model_path: Path, recipe: Recipe, samples: list[list[int]], device:
     problem = Problem(source, shape, model, base, units, Budget(int(uniform * mp.budget)))
     measured = resident and bool(samples)
     if measured:
+        observer = base.observer if mp.scales == "recipe" else None
         key = SensitivityKey(calibration, str(model_path), base.scheme,
-                             units.group, [low, HIGH_BITS], mp.tokens, VERSION, low_only=True)
+                             units.group, [low, HIGH_BITS], mp.tokens, VERSION, low_only=True,
+                             samples=mp.samples, observer=observer or "minmax")
         costs = measure(model_path, units, samples, mp.tokens, out / "sensitivity.json", key,
-                        device)
+                        device, mp.samples, observer)
     else:
         info("mixed precision: the model is not held whole on the device, so the layers are "
              "chosen by the data-free prior (llama.cpp's k-quant rule), not measured")

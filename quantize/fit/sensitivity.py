@@ -46,34 +46,71 @@ class SensitivityKey:
     tokens: int
     version: int
     low_only: bool = False  # only the lowest precision measured, the rest by the 4^-bits law
+    samples: int = 1  # the tokens spread over this many calibration samples (their starts)
+    observer: str = "minmax"  # the weight observer whose ranges the rounding uses
 
 
 Costs = dict[str, dict[int, float]]
 
 
-def _fake_quant(w: Any, scheme: str, group: int | None) -> Any:
-    """RTN of one weight with compressed-tensors' qparams (min-max observer) and
-    fake_quantize, grouped along the input dimension as the export stores it."""
-    import torch
+def _args(scheme: str, group: int | None, observer: str | None = None) -> Any:
+    """The compressed-tensors QuantizationArgs of a scheme's weights at `group`."""
     from compressed_tensors.quantization import QuantizationArgs
-    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
-    from compressed_tensors.quantization.utils import calculate_qparams
 
     from quantize.spec.schemes import SCHEMES
 
     info_ = SCHEMES[scheme]
+    strategy = {"strategy": "group", "group_size": group} if group else {"strategy": "channel"}
+    return QuantizationArgs(num_bits=info_.weight_bits, type="int", symmetric=info_.symmetric,
+                            observer=observer, **strategy)
+
+
+def _fake_quant(w: Any, scheme: str, group: int | None, observer: Any = None) -> Any:
+    """RTN of one weight with compressed-tensors' qparams and fake_quantize, grouped along
+    the input dimension as the export stores it: min-max ranges, or the ranges `observer`
+    (an llm-compressor observer of the recipe's kind) chooses."""
+    import torch
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    if observer is not None:
+        observer(w)
+        qp = observer.get_qparams()
+        return fake_quantize(w, qp["scale"], qp["zero_point"], observer.args)
+    args = _args(scheme, group)
     if group:
-        args = QuantizationArgs(num_bits=info_.weight_bits, type="int",
-                                symmetric=info_.symmetric, strategy="group", group_size=group)
         g = w.reshape(w.shape[0], -1, group)
         lo, hi = g.amin(dim=-1), g.amax(dim=-1)
     else:
-        args = QuantizationArgs(num_bits=info_.weight_bits, type="int",
-                                symmetric=info_.symmetric, strategy="channel")
         lo, hi = w.amin(dim=-1, keepdim=True), w.amax(dim=-1, keepdim=True)
     zero = torch.zeros_like(lo)
     scale, zp = calculate_qparams(torch.minimum(lo, zero), torch.maximum(hi, zero), args)
     return fake_quantize(w, scale, zp, args)
+
+
+# the recipe's weight observer -> the llm-compressor observer that stands in for it here (the
+# names llm-compressor's calibration maps weights to); min-max is the plain path above
+_OBSERVERS = {"mse": "memoryless_mse", "imatrix_mse": "imatrix_mse"}
+
+
+def _observers(modules: dict[str, Any], todo: list[tuple[Unit, Choice]],
+               observer: str | None) -> dict[tuple[str, str], Any]:
+    """One llm-compressor weight observer per measured (layer, scheme), attached to its layer
+    so that an importance-weighted one (imatrix_mse) collects E[x^2] on the reference pass."""
+    name = _OBSERVERS.get(observer or "")
+    if name is None:
+        return {}
+    from llmcompressor.observers import Observer
+
+    out: dict[tuple[str, str], Any] = {}
+    for u, c in todo:
+        assert c.scheme is not None
+        for n in u.layers:
+            obs = Observer.load_from_registry(name, base_name="weight",
+                                              args=_args(c.scheme, c.group_size, observer))
+            obs.attach(modules[n])
+            out[(n, c.scheme)] = obs
+    return out
 
 
 def _kl(ref_logp: Any, logits: Any) -> float:
@@ -82,7 +119,8 @@ def _kl(ref_logp: Any, logits: Any) -> float:
 
 
 def measure(model_path: Path, units: Units, tokens: list[list[int]], n_tokens: int,
-            cache: Path, key: SensitivityKey, device: str = "cpu") -> Costs:
+            cache: Path, key: SensitivityKey, device: str = "cpu", samples: int = 1,
+            observer: str | None = None) -> Costs:
     """KL per unit and precision (16-bit: 0), from the cache when its key matches.
 
     With `key.low_only`, only each unit's lowest precision is measured and a higher one costs
@@ -99,7 +137,11 @@ def measure(model_path: Path, units: Units, tokens: list[list[int]], n_tokens: i
     from transformers import AutoModelForCausalLM
 
     seq = max(len(t) for t in tokens)
-    if n_tokens < seq:  # less than one sample: its first n_tokens
+    if samples > 1:  # the first n_tokens/samples of each of the first `samples` samples
+        per = min(seq, max(1, n_tokens // samples))
+        rows_ = [t[:per] for t in tokens if len(t) >= per][:samples]
+        ids = torch.tensor(rows_ or [tokens[0][:n_tokens]])
+    elif n_tokens < seq:  # less than one sample: its first n_tokens
         ids = torch.tensor([tokens[0][:n_tokens]])
     else:
         rows = max(1, min(len(tokens), -(-n_tokens // seq)))
@@ -116,7 +158,12 @@ def measure(model_path: Path, units: Units, tokens: list[list[int]], n_tokens: i
     todo = [(u, c) for u in units.units for c in _measured(u, key.low_only)]
     with torch.inference_mode(), step(f"sensitivity: {len(todo)} quantized forward passes over "
                                       f"{ids.numel()} calibration tokens"):
-        replay = Replay(model, ids)
+        observers = _observers(modules, todo, observer)
+        try:
+            replay = Replay(model, ids)
+        finally:
+            for (n, _), obs in observers.items():
+                obs.detach(modules[n])
         for u in units.units:
             costs[u.name] = {}
             measured = _measured(u, key.low_only)
@@ -130,7 +177,8 @@ def measure(model_path: Path, units: Units, tokens: list[list[int]], n_tokens: i
                     continue
                 saved = {n: modules[n].weight.data.clone() for n in u.layers}
                 for n in u.layers:
-                    modules[n].weight.data = _fake_quant(saved[n], c.scheme, c.group_size)
+                    modules[n].weight.data = _fake_quant(saved[n], c.scheme, c.group_size,
+                                                         observers.get((n, c.scheme)))
                 costs[u.name][c.bits] = max(0.0, _kl(replay.ref, replay.logits(u.layers)))
                 for n in u.layers:
                     modules[n].weight.data = saved[n]

@@ -60,3 +60,9 @@ class MixedPrecision(Strict):
         "export with every layer at the recipe's scheme (embeddings included), e.g. 1.055")
     tokens: int = Field(default=256, ge=16, le=1_000_000,
                         description="calibration tokens each sensitivity forward pass scores")
+    samples: int = Field(default=1, ge=1, le=4096,
+                         description="the tokens are taken from the starts of this many "
+                         "calibration samples (tokens/samples each) instead of one")
+    scales: Literal["minmax", "recipe"] = Field(
+        default="minmax", description="the ranges each layer is rounded with while its cost is "
+        "measured: min-max, or the recipe's observer (imatrix_mse, mse) as the export uses")

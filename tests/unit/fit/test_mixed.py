@@ -53,3 +53,16 @@ def test_the_planner_sizes_a_mixed_recipe_at_its_budget(tiny_model: Path, recipe
     m = estimate_weights(model, 2, recipe_layers(model, recipe, 64, 2))
     assert m.total == u.total + int(u.total * 0.2)
     assert m.quantized - u.quantized == m.total - u.total
+
+
+def test_samples_and_scales_reach_the_measurement(tiny_model: Path, tmp_path: Path,
+                                                  recipe) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    mp = recipe.mixed_precision.model_copy(update={"samples": 2, "scales": "recipe"})
+    samples = [list(range(5, 69)), list(range(70, 134))]
+    allocate(tiny_model, recipe.model_copy(update={"mixed_precision": mp}), samples, "cpu",
+             True, tmp_path, "fp")
+    saved = json.loads((tmp_path / "sensitivity.json").read_text())
+    assert saved["key"]["samples"] == 2 and saved["tokens"] == 32  # 2 x 16
+    assert saved["key"]["observer"] == recipe.observer == "imatrix_mse"

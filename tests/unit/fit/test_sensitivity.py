@@ -60,3 +60,39 @@ def test_low_only_measures_the_low_bits_and_scales_the_rest(tiny_model: Path,
     saved = json.loads((tmp_path / "s.json").read_text())
     assert saved["tokens"] == 32  # fewer tokens than one sample: its first 32
     assert saved["key"]["low_only"] is True
+
+
+def test_samples_spread_the_tokens_over_several_samples(tiny_model: Path,
+                                                        tmp_path: Path) -> None:
+    base = load_recipe("gptq-int4-asym")
+    units = build_units(meta(load_source(str(tiny_model)).config), base, (4, 16), 2)
+    tokens = [list(range(5 + i, 69 + i)) for i in range(6)]
+    one = SensitivityKey("cal", "m", base.scheme, units.group, [4, 16], 32, 1, low_only=True)
+    four = SensitivityKey("cal", "m", base.scheme, units.group, [4, 16], 32, 1, low_only=True,
+                          samples=4)
+    first = measure(tiny_model, units, tokens, 32, tmp_path / "one.json", one)
+    spread = measure(tiny_model, units, tokens, 32, tmp_path / "four.json", four, samples=4)
+    assert json.loads((tmp_path / "four.json").read_text())["tokens"] == 32  # 4 x 8
+    assert json.loads((tmp_path / "four.json").read_text())["key"]["samples"] == 4
+    assert first != spread  # other tokens, other costs
+    # the cache answers only the same key: the one-sample file is not reused for four
+    again = measure(tiny_model, units, tokens, 32, tmp_path / "one.json", four, samples=4)
+    assert again == spread
+
+
+@pytest.mark.parametrize("observer", ["imatrix_mse", "mse"])
+def test_the_recipes_observer_rounds_with_smaller_costs(tiny_model: Path, tmp_path: Path,
+                                                       observer: str) -> None:
+    """An observer that searches each group's range (weighted by E[x^2] on the reference pass,
+    for imatrix_mse) rounds closer than min-max: its costs are lower on most units."""
+    base = load_recipe("gptq-int4-asym")
+    units = build_units(meta(load_source(str(tiny_model)).config), base, (4, 16), 2)
+    tokens = [list(range(5, 69))]
+    plain = SensitivityKey("cal", "m", base.scheme, units.group, [4, 16], 64, 1, low_only=True)
+    searched = SensitivityKey("cal", "m", base.scheme, units.group, [4, 16], 64, 1,
+                              low_only=True, observer=observer)
+    a = measure(tiny_model, units, tokens, 64, tmp_path / "a.json", plain)
+    b = measure(tiny_model, units, tokens, 64, tmp_path / "b.json", searched, observer=observer)
+    lower = sum(b[u.name][4] < a[u.name][4] for u in units.units)
+    assert lower > len(units.units) / 2, (a, b)
+    assert json.loads((tmp_path / "b.json").read_text())["key"]["observer"] == observer
