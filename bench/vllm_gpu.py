@@ -60,9 +60,10 @@ VLLM_ENV = {"VLLM_USE_DEEP_GEMM": "0", "VLLM_MOE_USE_DEEP_GEMM": "0"}
 # The default model: every shipped recipe the machine can make (GPTQModel and AutoAWQ are not
 # installed there; AutoAWQ is refused anyway)
 # (AutoRound, 6 min there, runs last: a long shared job holds back every `alone` job)
-DEFAULT_RECIPES = ["gptq-int4-mixed", "gptq-int4-asym", "gptq-int4", "rtn-int4", "awq-int4",
-                   "nvfp4a16-gptq", "w8a16-int8", "w8a8-int8", "fp8-dynamic", "fp8-kv",
-                   "fp8-block", "nvfp4a16", "mxfp4a16", "nvfp4", "mxfp4", "rtn-int2"]
+DEFAULT_RECIPES = ["gptq-int4-mixed", "gptq-int4-rotated", "gptq-int4-asym", "gptq-int4",
+                   "rtn-int4", "awq-int4", "nvfp4a16-gptq", "w8a16-int8", "w8a8-int8",
+                   "fp8-dynamic", "fp8-kv", "fp8-block", "nvfp4a16", "mxfp4a16", "nvfp4", "mxfp4",
+                   "rtn-int2"]
 SLOW_RECIPES = ["autoround-int4"]
 # The 8B architecture: every distinct format, and the variants of issue 31 item 4
 R8B = ["gptq-int4-mixed", "gptq-int4-asym", "bench/variants/gptq-int4-asym-g128.yaml", "gptq-int4",

@@ -121,8 +121,8 @@ MODIFIERS: dict[str, ModifierBuilder] = {
 
 
 def build_modifiers(recipe: Recipe, group_size: int | None, model: Any = None) -> list[Any]:
-    """The llm-compressor modifier list a recipe stands for: SmoothQuant when asked, then the
-    method's own (MODIFIERS)."""
+    """The llm-compressor modifier list a recipe stands for: Hadamard rotations and SmoothQuant
+    when asked, then the method's own (MODIFIERS)."""
     from compressed_tensors.quantization import QuantizationArgs
 
     groups = config_groups(recipe, group_size)
@@ -131,6 +131,12 @@ def build_modifiers(recipe: Recipe, group_size: int | None, model: Any = None) -
         common["kv_cache_scheme"] = QuantizationArgs(
             num_bits=8, type="float", strategy="tensor", dynamic=False, symmetric=True)
     mods: list[Any] = []
+    if recipe.rotation is not None:  # the weights rotated before anything measures them
+        from llmcompressor.modifiers.transform import QuIPModifier
+
+        mods.append(QuIPModifier(rotations=["v"], transform_type="hadamard",
+                                 transform_block_size=recipe.rotation.block,
+                                 targets=list(recipe.targets), ignore=list(recipe.ignore)))
     if recipe.smoothquant is not None:
         from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
 

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from quantize.errors import VerifyError
 from quantize.model import kv_quant, moe, moe_load
-from quantize.model.config import ModelConfig, hf_config
+from quantize.model.config import ModelConfig, hf_config, read_config
 from quantize.model.qconfig import Args, Group, QuantConfig, require_quant_config
+from quantize.model.transforms import apply_online_transforms
 
 if TYPE_CHECKING:
     import torch
@@ -366,6 +367,7 @@ def build_reference(ckpt: Path, config: ModelConfig) -> tuple[Any, dict[str, tor
                           hint="re-run the export")
     if cfg.tie_word_embeddings:
         model.tie_weights()
+    apply_online_transforms(model, config.quantization_config)  # a rotated export
     return model, decoded
 
 
@@ -441,4 +443,5 @@ def load_dequantized(path: Path, **kwargs: Any) -> Any:
         for p in model.parameters():
             if p.is_floating_point() and p.dtype != want:
                 p.data = p.data.to(want)
+    apply_online_transforms(model, read_config(path).quantization_config)  # a rotated export
     return model

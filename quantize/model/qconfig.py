@@ -59,6 +59,24 @@ class NativeMetaJSON(_Written):
     quantizer: list[str] | str | None = None  # GPTQModel's stamps
 
 
+class TransformApplyJSON(_Written):
+    location: str  # weight_input / weight_output (fused into the stored weight), input /
+    # output (applied online, at run time, by whoever loads the checkpoint)
+
+
+class TransformSchemeJSON(_Written):
+    type: str  # hadamard, random-hadamard, random-matrix
+    apply: list[TransformApplyJSON] = []
+    head_dim: int | None = None  # the block size
+
+
+class TransformsJSON(_Written):
+    config_groups: dict[str, TransformSchemeJSON] = {}
+
+
+ONLINE = ("input", "output")  # the transform locations a loader must apply
+
+
 class QuantizationJSON(_Written):
     """A checkpoint's quantization_config: compressed-tensors, GPTQModel / AutoAWQ or block
     FP8 keys."""
@@ -70,6 +88,7 @@ class QuantizationJSON(_Written):
     config_groups: dict[str, GroupJSON] | None = None
     ignore: list[str] | None = None
     kv_cache_scheme: ArgsJSON | None = None
+    transform_config: TransformsJSON | None = None  # compressed-tensors' rotations (QuIP)
     # GPTQModel / AutoAWQ
     bits: int | None = None
     w_bit: int | None = None
@@ -185,6 +204,9 @@ class QuantConfig:
     native_version: str | None = None  # gptq checkpoint_format / awq version
     quantizer: tuple[str, ...] = ()  # meta.quantizer stamps ("gptqmodel:7.6.0", ...)
     version: str | None = None  # the `version` key as written
+    # the types of the transforms applied online at run time (("hadamard",) for a rotated
+    # export): a loader that does not apply them computes another model
+    online_transforms: tuple[str, ...] = ()
 
     @property
     def native(self) -> bool:
@@ -268,8 +290,12 @@ def parse(raw: dict[str, Any]) -> QuantConfig:
         Group(name, tuple(g.targets or ["Linear"]), Args.read(g.weights),
               Args.read(g.input_activations), g.format or qc.format)
         for name, g in (qc.config_groups or {}).items())
+    online = sorted({t.type for t in (qc.transform_config.config_groups.values()
+                                      if qc.transform_config else ())
+                     if any(a.location in ONLINE for a in t.apply)})
     return QuantConfig("compressed-tensors", groups, tuple(qc.ignore or ()),
-                       Args.read(qc.kv_cache_scheme), qc.format, version=qc.version)
+                       Args.read(qc.kv_cache_scheme), qc.format, version=qc.version,
+                       online_transforms=tuple(online))
 
 
 def read_quant_config(config: ModelConfig) -> QuantConfig | None:

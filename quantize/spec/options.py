@@ -1,5 +1,5 @@
 """The option blocks a recipe may carry: each method's own (gptq, awq, autoround), SmoothQuant,
-and mixed precision by measured sensitivity."""
+Hadamard rotations, and mixed precision by measured sensitivity."""
 
 from __future__ import annotations
 
@@ -46,6 +46,26 @@ class AutoRoundOptions(Strict):
 
 class SmoothQuantOptions(Strict):
     strength: float = Field(default=0.8, gt=0.0, lt=1.0)
+
+
+class Rotation(Strict):
+    """Hadamard rotations of each Linear layer's input before the method runs (llm-compressor's
+    QuIPModifier, input side only): the weight is stored rotated and vLLM rotates the layer's
+    input back online (its Hadacore kernel on CUDA). Blocks of `block` input channels, each
+    rotated on its own; a block equal to the group size mixes only the weights one scale
+    covers (eval/README.md, "Hadamard rotations before GPTQ")."""
+
+    block: int = Field(default=64, ge=2, le=65536,
+                       description="input channels per Hadamard block: a power of two that "
+                       "divides every rotated layer's input size (Sylvester Hadamard, which "
+                       "vLLM's Hadacore kernel computes)")
+
+    @model_validator(mode="after")
+    def _power_of_two(self) -> Rotation:
+        if self.block & (self.block - 1):
+            raise ValueError(f"rotation.block {self.block} is not a power of two; vLLM's "
+                             "Hadacore kernel takes Sylvester Hadamard blocks only (e.g. 64)")
+        return self
 
 
 class MixedPrecision(Strict):

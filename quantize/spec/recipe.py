@@ -30,6 +30,7 @@ from quantize.spec.options import (
     AWQOptions,
     GPTQOptions,
     MixedPrecision,
+    Rotation,
     SmoothQuantOptions,
 )
 from quantize.spec.paths import PROJECT_ROOT, contained
@@ -43,6 +44,9 @@ from quantize.spec.yamlio import expected, parse_model, read_text
 # test_recipe.py checks they agree). `quantize fit` takes its scheme and leaves its
 # mixed_precision to its own assignment.
 DEFAULT_RECIPE = "gptq-int4-mixed"
+# the methods a recipe's `rotation:` is measured with (rotations before AWQ's smoothing or
+# AutoRound's tuning are not: the recipe loader refuses them)
+ROTATED_METHODS = ("gptq", "rtn")
 
 GroupSize = Annotated[int, Field(ge=8, le=4096)] | Literal["auto"]
 
@@ -199,6 +203,7 @@ class Recipe(Strict):
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
     overrides: list[Override] = Field(default_factory=list)
     smoothquant: SmoothQuantOptions | None = None
+    rotation: Rotation | None = None
     mixed_precision: MixedPrecision | None = None
     gptq: GPTQOptions | None = None
     awq: AWQOptions | None = None
@@ -261,6 +266,12 @@ class Recipe(Strict):
         if set(self.targets) & set(self.ignore):
             raise ValueError(f"{sorted(set(self.targets) & set(self.ignore))} is both targeted "
                              "and ignored; remove it from one list")
+        if self.rotation is not None and (self.method not in ROTATED_METHODS
+                                          or self.backend != "llmcompressor"):
+            raise ValueError(f"rotation: is measured with methods {' and '.join(ROTATED_METHODS)}"
+                             f" on the llmcompressor engine; this recipe has method "
+                             f"{self.method}, backend {self.backend}. Remove rotation or use "
+                             "method: gptq")
         if self.mixed_precision is not None:
             self._check_mixed(info)
         if self.backend != "llmcompressor":
@@ -283,7 +294,9 @@ class Recipe(Strict):
         info = SCHEMES[self.scheme]
         data_free = (self.method == "rtn" and info.activations != "fp8-static"
                      and not info.needs_data
-                     and self.kv_cache is None and self.smoothquant is None)
+                     and self.kv_cache is None and self.smoothquant is None
+                     # llm-compressor applies rotations at calibration start: no pass, none
+                     and self.rotation is None)
         return not data_free
 
 

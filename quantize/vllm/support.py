@@ -194,6 +194,10 @@ def supported(ckpt: CheckpointFormat, host: Host, kv_cache_dtype: str = "auto") 
                 _cpu_group(g, label, host)
         if r:
             reasons.append(r)
+    if host.device != "cuda" and ckpt.quant and "hadamard" in ckpt.quant.online_transforms \
+            and not host.ops.get("hadacore_transform"):
+        reasons.append("the export's Hadamard rotations run online in vLLM's Hadacore kernel, "
+                       "which the CPU build lacks (hadacore_transform): verify it on a GPU")
     if host.device == "cuda":
         cap = min(host.gpus)
         if kv_fp8 and cap < 80:

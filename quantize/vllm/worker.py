@@ -45,7 +45,7 @@ from quantize.vllm import serving  # standard library and vllm only
 # Custom ops whose presence decides which quantized formats a CPU build can run.
 _CPU_OPS = ("cpu_gemm_wna16", "onednn_scaled_mm", "int8_scaled_mm", "static_scaled_fp8_quant",
             "dynamic_scaled_fp8_quant", "dynamic_scaled_int8_quant", "cpu_attention_with_kv_cache",
-            "fp8_scaled_mm_cpu", "cpu_has_amx_fp8")
+            "fp8_scaled_mm_cpu", "cpu_has_amx_fp8", "hadacore_transform")
 
 
 # --- the request (the JSON document the caller writes) ------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quantize.errors import VerifyError
-from quantize.model import decode, moe_load
+from quantize.model import decode, moe_load, transforms
 from quantize.model.config import ModelConfig
 from quantize.model.moe import config_is_moe
 from quantize.model.qconfig import read_quant_config
@@ -91,8 +91,8 @@ def verify_decode(ckpt: Path, config: ModelConfig, tol: DecodeTolerance) -> Leve
     dl = (lc - lr).abs().amax(dim=-1).flatten().tolist()  # whole distributions, every step
     src = source_model(ckpt)
     rename = moe_load.model_namer(ref)  # the source's names, in the decoded model's terms
-    cos, cos_layer = decode.weight_similarity(decoded, src, rename) if src is not None \
-        else (None, "")
+    cos, cos_layer = (decode.weight_similarity(transforms.unrotated(ref, decoded), src, rename)
+                      if src is not None else (None, ""))
     bits = (quant.weight_bits if quant else None) or 16
     floor = next((f for b, f in tol.cosine_floor if bits >= b), tol.cosine_floor[-1][1])
     metrics = DecodeMetrics(

@@ -41,6 +41,16 @@ def test_w8a8_is_smoothquant_then_gptq_int8() -> None:
             g.input_activations.strategy) == (8, True, "token")
 
 
+def test_gptq_int4_rotated_is_hadamard_blocks_then_the_asym_gptq() -> None:
+    quip, gptq = build_modifiers(load_recipe("gptq-int4-rotated"), 64)
+    assert type(quip).__name__ == "QuIPModifier"
+    assert (quip.rotations, quip.transform_type, quip.transform_block_size) == (
+        ["v"], "hadamard", 64)
+    assert quip.ignore == ["lm_head"]  # the tied lm_head/embeddings stay as they are
+    (plain,) = build_modifiers(load_recipe("gptq-int4-asym"), 64)
+    assert gptq.config_groups == plain.config_groups and gptq.actorder == plain.actorder
+
+
 @pytest.mark.parametrize("name", ["fp8-dynamic", "fp8-kv"])
 def test_fp8(name: str) -> None:
     (quant,) = build_modifiers(load_recipe(name), None)

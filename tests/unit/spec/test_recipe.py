@@ -100,6 +100,10 @@ def test_good_recipe(recipe_file) -> None:  # type: ignore[no-untyped-def]
          "name 'other' differs from the file name 'x'", "make them equal"),
         (GOOD + "eval: {suite: default, thresholds: {wiki_ppl: 3.0}}\n", 6,
          "eval.thresholds", None),
+        (GOOD + "rotation: {block: 48}\n", 6, "rotation.block 48 is not a power of two",
+         "Sylvester Hadamard blocks only"),
+        (AWQ + "rotation: {block: 64}\n", 1, "rotation: is measured with methods gptq and rtn",
+         "Remove rotation or use method: gptq"),
     ],
 )
 def test_bad_recipes_name_line_field_and_fix(recipe_file, text: str, line: int | None,  # type: ignore[no-untyped-def]
@@ -196,3 +200,11 @@ def test_gptq_solves_nvfp4_and_no_other_float_grid() -> None:
     with pytest.raises(ValidationError) as err:
         Recipe.model_validate({**base, "method": "awq", "scheme": "NVFP4A16"})
     assert "or method: gptq for NVFP4" in str(err.value)
+
+
+def test_a_rotation_needs_the_calibration_pass(recipe_file) -> None:  # type: ignore[no-untyped-def]
+    """llm-compressor applies QuIP's rotations when calibration starts, so even round-to-
+    nearest runs the calibration pass once a recipe rotates."""
+    rtn = GOOD.replace("method: gptq", "method: rtn")
+    assert not load_recipe(str(recipe_file(rtn))).needs_calibration
+    assert load_recipe(str(recipe_file(rtn + "rotation: {block: 64}\n"))).needs_calibration

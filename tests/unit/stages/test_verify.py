@@ -129,6 +129,23 @@ def test_an_emulated_fp8_gemm_sends_fp8_w8a8_to_the_decode_check() -> None:
         assert caps.supported(checkpoint_format(other), slow).ok
 
 
+def test_online_hadamard_needs_hadacore_which_the_cpu_build_lacks() -> None:
+    cfg = qconfig(W4ASYM)
+    cfg["quantization_config"]["transform_config"] = {"config_groups": {"v": {
+        "type": "hadamard", "head_dim": 64,
+        "apply": [{"location": "input", "targets": ["Linear"]},
+                  {"location": "weight_input", "targets": ["Linear"], "inverse": True}]}}}
+    fmt = checkpoint_format(cfg)
+    s = caps.supported(fmt, AVX512)
+    assert not s.ok and "Hadacore" in s.reason and "on a GPU" in s.reason
+    with_op = H.Host("py", "0.32.0", "cpu", AVX512.isa, {**OPS_ALL, "hadacore_transform": True})
+    assert caps.supported(fmt, with_op).ok
+    assert caps.supported(fmt, gpu(90)).ok
+    # rotations fused into the weights alone need nothing at run time
+    cfg["quantization_config"]["transform_config"]["config_groups"]["v"]["apply"].pop(0)
+    assert caps.supported(checkpoint_format(cfg), AVX512).ok
+
+
 def test_kv_cache_override_makes_avx2_verifiable() -> None:
     fmt = checkpoint_format(qconfig(F8CH, F8TOK, KV))
     assert not caps.supported(fmt, AVX2, "auto").ok
