@@ -45,7 +45,7 @@ def table() -> SpeedTable:
 def measured(recipe: Recipe | None, cc: int, group: int | None) -> list[SpeedRow]:
     """The rows for this recipe's format on a GPU of capability `cc` (x10): vLLM's own
     kernel choice first; an exact group size before another one of the same format."""
-    if recipe is None:
+    if recipe is None or recipe.rotation is not None:  # online Hadamard: its cost not measured
         return []
     scheme = SCHEMES[recipe.scheme]
     rows = [r for r in table().rows if r.gpu_cc == cc and r.family == scheme.kernel
