@@ -49,12 +49,12 @@ def allocate(model_path: Path, recipe: Recipe, samples: list[list[int]], device:
     problem = Problem(source, shape, model, base, units, Budget(int(uniform * mp.budget)))
     measured = resident and bool(samples)
     if measured:
-        observer = base.observer if mp.scales == "recipe" else None
+        observer = (base.observer if mp.scales == "recipe" else None) or "minmax"
         key = SensitivityKey(calibration, str(model_path), base.scheme,
                              units.group, [low, HIGH_BITS], mp.tokens, VERSION, low_only=True,
-                             samples=mp.samples, observer=observer or "minmax")
+                             samples=mp.samples, observer=observer)
         costs = measure(model_path, units, samples, mp.tokens, out / "sensitivity.json", key,
-                        device, mp.samples, observer)
+                        device)
     else:
         info("mixed precision: the model is not held whole on the device, so the layers are "
              "chosen by the data-free prior (llama.cpp's k-quant rule), not measured")

@@ -119,9 +119,9 @@ def _kl(ref_logp: Any, logits: Any) -> float:
 
 
 def measure(model_path: Path, units: Units, tokens: list[list[int]], n_tokens: int,
-            cache: Path, key: SensitivityKey, device: str = "cpu", samples: int = 1,
-            observer: str | None = None) -> Costs:
-    """KL per unit and precision (16-bit: 0), from the cache when its key matches.
+            cache: Path, key: SensitivityKey, device: str = "cpu") -> Costs:
+    """KL per unit and precision (16-bit: 0), from the cache when its key matches. The key
+    also says how: the tokens from `key.samples` samples, rounded with `key.observer`'s ranges.
 
     With `key.low_only`, only each unit's lowest precision is measured and a higher one costs
     that times 4^-(extra bits): the rate-distortion law `prior` uses, which the measured
@@ -136,6 +136,8 @@ def measure(model_path: Path, units: Units, tokens: list[list[int]], n_tokens: i
     import torch
     from transformers import AutoModelForCausalLM
 
+    samples = key.samples
+    observer = None if key.observer == "minmax" else key.observer
     seq = max(len(t) for t in tokens)
     if samples > 1:  # the first n_tokens/samples of each of the first `samples` samples
         per = min(seq, max(1, n_tokens // samples))

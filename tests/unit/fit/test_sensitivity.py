@@ -71,12 +71,12 @@ def test_samples_spread_the_tokens_over_several_samples(tiny_model: Path,
     four = SensitivityKey("cal", "m", base.scheme, units.group, [4, 16], 32, 1, low_only=True,
                           samples=4)
     first = measure(tiny_model, units, tokens, 32, tmp_path / "one.json", one)
-    spread = measure(tiny_model, units, tokens, 32, tmp_path / "four.json", four, samples=4)
+    spread = measure(tiny_model, units, tokens, 32, tmp_path / "four.json", four)
     assert json.loads((tmp_path / "four.json").read_text())["tokens"] == 32  # 4 x 8
     assert json.loads((tmp_path / "four.json").read_text())["key"]["samples"] == 4
     assert first != spread  # other tokens, other costs
     # the cache answers only the same key: the one-sample file is not reused for four
-    again = measure(tiny_model, units, tokens, 32, tmp_path / "one.json", four, samples=4)
+    again = measure(tiny_model, units, tokens, 32, tmp_path / "one.json", four)
     assert again == spread
 
 
@@ -92,7 +92,7 @@ def test_the_recipes_observer_rounds_with_smaller_costs(tiny_model: Path, tmp_pa
     searched = SensitivityKey("cal", "m", base.scheme, units.group, [4, 16], 64, 1,
                               low_only=True, observer=observer)
     a = measure(tiny_model, units, tokens, 64, tmp_path / "a.json", plain)
-    b = measure(tiny_model, units, tokens, 64, tmp_path / "b.json", searched, observer=observer)
+    b = measure(tiny_model, units, tokens, 64, tmp_path / "b.json", searched)
     lower = sum(b[u.name][4] < a[u.name][4] for u in units.units)
     assert lower > len(units.units) / 2, (a, b)
     assert json.loads((tmp_path / "b.json").read_text())["key"]["observer"] == observer
