@@ -42,7 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+# the working tree the calls arrive in (.venv-vllm/ is set up there), also when this module is
+# imported from a GPU_VLLM_CODE snapshot that holds bench/ too
+ROOT = Path(os.environ.get("GPU_VLLM_ROOT") or Path(__file__).resolve().parent.parent)
 WORK = Path(os.environ.get("GPU_VLLM_DIR", "/tmp/gv"))
 SITE = Path("/tmp/site")
 INTO = Path("/tmp/carry")
@@ -270,7 +272,7 @@ def env() -> dict[str, str]:
     if code:
         e["PYTHONSAFEPATH"] = "1"
     path = [*([code] if code else []), str(ROOT), str(SITE)]
-    e.update(PYTHONPATH=os.pathsep.join(path), HF_HUB_OFFLINE="1",
+    e.update(PYTHONPATH=os.pathsep.join(path), GPU_VLLM_ROOT=str(ROOT), HF_HUB_OFFLINE="1",
              TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1",
              TOKENIZERS_PARALLELISM="false", QUANTIZE_CACHE=str(QCACHE),
              LLM_COMPRESSOR_LOG_LEVEL="ERROR", **VLLM_ENV)
