@@ -159,12 +159,38 @@ def check(recipe: Recipe, config: ModelConfig, tp: int = 1, *,
     if gpu is not None:
         experts = any(type(m).__name__.endswith("Experts") for m in model.modules())
         warnings += gpu_notes(schemes, gpu, experts)
+    if rotated := rotation_note(recipe, gpu):
+        warnings.append(rotated)
     if moe_note := moe_kernel_warning(recipe, config, model, True if gpu is not None else None):
         warnings.append(moe_note)
     for w in warnings:
         info(f"[dim]note: {w}[/dim]")
     return PreflightFacts(group_size=group_size, layers=len(layers), tp=tp, warnings=warnings,
                           gpu={"name": gpu.name, "compute_capability": gpu.cc} if gpu else None)
+
+
+def rotation_note(recipe: Recipe, gpu: GpuTarget | None) -> str | None:
+    """Before calibration: a rotated recipe for a GPU (`--gpu`) whose vLLM has no Hadacore
+    kernel is refused; without `--gpu` on a host with no CUDA GPU, a note says where the export
+    runs (quantize.spec.schemes.rotation_problem)."""
+    from quantize.spec.schemes import rotation_problem
+
+    if recipe.rotation is None:
+        return None
+    if gpu is not None:
+        if why := rotation_problem(gpu.cc):
+            raise PreflightError(problem=f"{recipe.name} cannot run in vLLM on {gpu.name}: "
+                                         f"{why}",
+                                 hint="use the same recipe without `rotation:` "
+                                      "(e.g. gptq-int4-mixed) for this GPU")
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (f"{recipe.name} exports for vLLM on a CUDA GPU of capability >= 8.0: "
+            f"{rotation_problem(None)}, so vLLM on this host cannot serve or verify it "
+            "(for vLLM on a CPU: gptq-int4)")
 
 
 def moe_kernel_warning(recipe: Recipe, config: ModelConfig, model: Any,

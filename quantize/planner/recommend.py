@@ -11,7 +11,8 @@ from quantize.planner.gpus import Gpu
 from quantize.planner.memory import Memory
 from quantize.spec.methods import METHODS
 from quantize.spec.recipe import Recipe
-from quantize.spec.schemes import KERNELS, SCHEMES, gpu_fallback, gpu_problem, gpu_support_level
+from quantize.spec.schemes import (KERNELS, SCHEMES, gpu_fallback, gpu_problem,
+                                   gpu_support_level, rotation_problem)
 
 MIN_ACCURACY = 0.9  # never recommend a recipe expected (or measured) below 90% recovery
 # At equal fit, a format that computes natively in low precision on the GPU (FP4/FP8/INT8
@@ -55,7 +56,8 @@ def gpu_support(recipe: Recipe | None, gpu: Gpu, experts: bool) -> tuple[bool, s
     major, minor = gpu.capability
     cc = major * 10 + minor
     rule = KERNELS[family]
-    problem = gpu_problem(family, scheme.weight_bits, cc)
+    problem = gpu_problem(family, scheme.weight_bits, cc) or \
+        (rotation_problem(cc) if recipe.rotation is not None else None)
     # the capability rule, and the weight-bits rule: no CUDA kernel for 2/3-bit codes (vLLM
     # 0.26 refused a W2A16 export on an H200, bench/results/2026-12-04-vllm-gpu.json)
     if problem:

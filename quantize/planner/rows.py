@@ -224,7 +224,7 @@ class RowBuilder:
         except PreflightError:
             return []
         major, minor = self.req.gpu.capability
-        return measured(recipe, major * 10 + minor, group)
+        return measured(recipe, major * 10 + minor, group, self.req.gpu.name)
 
     def lever_inputs(self, row: Row) -> LeverInputs | None:
         """What planner.levers re-plans the row with (None: its weights are unknown)."""

@@ -39,11 +39,11 @@ from quantize.spec.strict import Name, Strict
 from quantize.spec.yamlio import expected, parse_model, read_text
 
 # The recipe `quantize run`, `make quantize` and `quantize fit` use when none is named: the
-# best measured on the default model at about 4-bit size and GPTQ's speed (eval/README.md,
-# issues #15 and #35). The Makefile's RECIPE default repeats it (tests/unit/spec/
-# test_recipe.py checks they agree). `quantize fit` takes its scheme and leaves its
-# mixed_precision to its own assignment.
-DEFAULT_RECIPE = "gptq-int4-mixed"
+# best measured on the default model at about 4-bit size within 1.5x GPTQ's quantize time
+# (eval/README.md, issues #15 and #35), loaded and served by vLLM on a GPU. The Makefile's
+# RECIPE default repeats it (tests/unit/spec/test_recipe.py checks they agree). `quantize fit`
+# takes its scheme and rotation and makes its own per-layer assignment.
+DEFAULT_RECIPE = "gptq-int4-rotated"
 # the methods a recipe's `rotation:` is measured with (rotations before AWQ's smoothing or
 # AutoRound's tuning are not: the recipe loader refuses them)
 ROTATED_METHODS = ("gptq", "rtn")

@@ -313,6 +313,26 @@ def native_schemes(cc: int) -> list[str]:
     return [s.name for s in names]
 
 
+# A rotated export (a recipe's `rotation:`) runs its online Hadamard in vLLM's Hadacore kernel
+# (compressed_tensors/transform/module.py calls ops.hadacore_transform for every hadamard
+# transform; there is no dense fallback). vLLM builds it for sm_80 and sm_90 with PTX for
+# later GPUs (CMakeLists.txt HADACORE_ARCHS "8.0+PTX;9.0+PTX"); its CPU and ROCm builds lack it.
+# Loaded and served on an H100 (sm_90), bench/RESULTS.md; not measured on other GPUs.
+HADACORE_MIN_CC = 80
+
+
+def rotation_problem(cc: int | None) -> str | None:
+    """Why vLLM cannot run a rotated export's online Hadamard on this target: a GPU of
+    capability `cc` (x10), or the CPU build (None); None when it can."""
+    if cc is None:
+        return ("the online Hadamard rotations run in vLLM's Hadacore kernel, which vLLM's "
+                "CPU build lacks (hadacore_transform)")
+    if cc < HADACORE_MIN_CC:
+        return (f"the online Hadamard rotations run in vLLM's Hadacore kernel, which needs "
+                f"compute capability >= {HADACORE_MIN_CC / 10:.1f} (GPU is sm_{cc})")
+    return None
+
+
 def gpu_problem(family: str, bits: int | None, cc: int) -> str | None:
     """Why vLLM cannot run this kernel family on a GPU of capability `cc` (x10), or None."""
     rule = KERNELS.get(family)

@@ -38,7 +38,7 @@ from quantize.model.qconfig import (
     method_is,
     read_quant_config,
 )
-from quantize.spec.schemes import KERNELS, gpu_problem
+from quantize.spec.schemes import KERNELS, gpu_problem, rotation_problem
 from quantize.vllm.host import Host
 
 VERIFIED_METHODS = ("compressed-tensors", *NATIVE_METHODS)  # what the export stage writes
@@ -194,10 +194,13 @@ def supported(ckpt: CheckpointFormat, host: Host, kv_cache_dtype: str = "auto") 
                 _cpu_group(g, label, host)
         if r:
             reasons.append(r)
-    if host.device != "cuda" and ckpt.quant and "hadamard" in ckpt.quant.online_transforms \
-            and not host.ops.get("hadacore_transform"):
-        reasons.append("the export's Hadamard rotations run online in vLLM's Hadacore kernel, "
-                       "which the CPU build lacks (hadacore_transform): verify it on a GPU")
+    if ckpt.quant and "hadamard" in ckpt.quant.online_transforms:
+        if host.device == "cuda":
+            why = rotation_problem(min(host.gpus))
+        else:  # a CPU build that gains the op passes its probe
+            why = None if host.ops.get("hadacore_transform") else rotation_problem(None)
+        if why:
+            reasons.append(f"{why}: verify it on a GPU of capability >= 8.0")
     if host.device == "cuda":
         cap = min(host.gpus)
         if kv_fp8 and cap < 80:

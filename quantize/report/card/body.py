@@ -151,9 +151,10 @@ def _speed(inputs: CardInputs) -> list[str]:
     """The measured rows of this export's format on the GPUs they were measured on."""
     from quantize.planner.speed import describe, measured, table
 
-    ccs = sorted({r.gpu_cc for r in table().rows})
-    return [line for cc in ccs
-            for line in describe(measured(inputs.recipe, cc, inputs.group_size))]
+    cards = {r.gpu: r.gpu_cc for r in table().rows}
+    return [line for gpu, cc in cards.items()
+            for line in describe([r for r in measured(inputs.recipe, cc, inputs.group_size, gpu)
+                                  if r.gpu == gpu])]
 
 
 def body_view(inputs: CardInputs) -> BodyView:

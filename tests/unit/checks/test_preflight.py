@@ -268,3 +268,24 @@ def test_a_moe_layers_experts_need_one_scheme() -> None:
                    overrides=[Override(targets=[r"re:.*mlp\.experts\.\d+\."],
                                        scheme="W8A16", group_size=64)])
     assert preflight.check(whole, moe).layers > 0  # all of them together pass
+
+
+def test_a_rotated_recipe_needs_hadacore_on_the_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM runs the online Hadamard in Hadacore, built for sm_80 and later: an export meant
+    for an older GPU is refused before calibration; on a host without a CUDA GPU and no
+    `--gpu`, a note says vLLM there cannot serve it."""
+    import torch
+
+    from quantize.checks.formats import GpuTarget
+
+    rotated = recipe(method="gptq", scheme="W4A16_ASYM", rotation={"block": 64})
+    with pytest.raises(PreflightError) as info:
+        preflight.check(rotated, llama(), gpu=GpuTarget("t4", 75))
+    err = info.value
+    assert "sm_75" in (err.problem or "") and "rotation" in (err.hint or "")
+    assert not any("Hadacore" in w
+                   for w in preflight.check(rotated, llama(), gpu=GpuTarget("l4", 89)).warnings)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert any("Hadacore" in w and "gptq-int4" in w
+               for w in preflight.check(rotated, llama()).warnings)
+    assert not any("Hadacore" in w for w in preflight.check(recipe(), llama()).warnings)

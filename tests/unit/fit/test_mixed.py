@@ -11,13 +11,13 @@ import pytest
 from quantize.fit.mixed import allocate
 from quantize.planner.sources import load_source
 from quantize.planner.weights import estimate_weights, meta, recipe_layers
-from quantize.spec.recipe import DEFAULT_RECIPE, load_recipe
+from quantize.spec.recipe import load_recipe
 
 
 @pytest.fixture
 def recipe():  # type: ignore[no-untyped-def]
-    r = load_recipe(DEFAULT_RECIPE)
-    assert r.mixed_precision is not None  # the default is the mixed recipe
+    r = load_recipe("gptq-int4-mixed")
+    assert r.mixed_precision is not None
     return r.model_copy(update={"mixed_precision": r.mixed_precision.model_copy(
         update={"budget": 1.2, "tokens": 32})})
 

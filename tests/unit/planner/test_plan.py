@@ -384,6 +384,14 @@ def test_fp8_on_cards_without_fp8_runs_weight_only() -> None:
     assert P.gpu_support(load_recipe("fp8-dynamic"), find("h100"), experts=True) == (True, "")
 
 
+def test_rotated_recipes_need_hadacore() -> None:
+    """The online Hadamard runs in vLLM's Hadacore kernel, built for sm_80 and later."""
+    ok, note = P.gpu_support(load_recipe("gptq-int4-rotated"), find("t4"), experts=False)
+    assert not ok and "Hadacore" in note and "sm_75" in note
+    assert P.gpu_support(load_recipe("gptq-int4-rotated"), find("l4"), experts=False)[0]
+    assert P.gpu_support(load_recipe("gptq-int4-asym"), find("t4"), experts=False)[0]
+
+
 # --- planning end to end --------------------------------------------------------------------
 def _plan(**kw: object) -> P.Plan:
     defaults: dict[str, object] = dict(model="meta-llama/Llama-3.1-70B-Instruct",

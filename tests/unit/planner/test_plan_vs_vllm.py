@@ -129,9 +129,16 @@ def test_measured_speeds_reach_the_plan_on_the_gpu_they_were_measured_on() -> No
     assert rows[1].one_request > rows[0].one_request > 1.0  # batch 1: Marlin is faster
     assert rows[0].sixty_four_requests > rows[1].sixty_four_requests  # at 64: Machete
     assert measured(asym, 89, 64) == [] and measured(None, 90, 64) == []
-    # a rotated export runs an online Hadamard per layer: the uniform rows are not its speed
-    assert measured(load_recipe("gptq-int4-rotated"), 90, 64) == []
     assert "1.49x bf16 output tokens/s at one request" in describe(rows)[1]
+    assert measured(asym, 90, 64, "h200") == rows  # the H200's own rows
+    # the H100's own row when the plan is for an H100 (ratios are per GPU, never mixed)
+    (h100,) = measured(asym, 90, 64, "h100")
+    assert h100.gpu == "h100" and h100.rotation is None
+    # a rotated export runs an online Hadamard per layer: its own rows, not the uniform ones
+    (rot,) = measured(load_recipe("gptq-int4-rotated"), 90, 64, "h200")
+    assert rot.rotation == 64 and rot.gpu == "h100"  # measured on the H100 only: named so
+    assert rot.one_request < h100.one_request
+    assert "online Hadamard" in describe([rot])[0] and "H100" in describe([rot])[0]
     # Llama-3.1-70B on one H200: bf16 does not fit, the 4-bit default does
     plan = _plan(model="meta-llama/Llama-3.1-70B-Instruct", gpu=find("h200"), context=8192,
                  concurrency=1, recipes=["gptq-int4-asym"], runs_dir=Path("/nonexistent"))

@@ -41,6 +41,8 @@ def test_the_card_cites_the_measured_serving_speed_of_its_format() -> None:
     from quantize.spec.recipe import load_recipe
 
     lines = _speed(SimpleNamespace(recipe=load_recipe("gptq-int4-asym"), group_size=64))  # type: ignore[arg-type]
-    assert len(lines) == 2 and lines[0].startswith("MacheteLinearKernel (vLLM's own choice)")
-    assert "NVIDIA H200" in lines[0]
+    assert len(lines) == 3 and lines[0].startswith("MacheteLinearKernel (vLLM's own choice)")
+    assert "one H200" in lines[0] and "one H100" in lines[2]  # each GPU's rows, named
+    (rot,) = _speed(SimpleNamespace(recipe=load_recipe("gptq-int4-rotated"), group_size=64))  # type: ignore[arg-type]
+    assert "online Hadamard" in rot and "one H100" in rot
     assert _speed(SimpleNamespace(recipe=load_recipe("gptq-int4"), group_size=64)) == []  # type: ignore[arg-type]

@@ -140,7 +140,9 @@ def test_online_hadamard_needs_hadacore_which_the_cpu_build_lacks() -> None:
     assert not s.ok and "Hadacore" in s.reason and "on a GPU" in s.reason
     with_op = H.Host("py", "0.32.0", "cpu", AVX512.isa, {**OPS_ALL, "hadacore_transform": True})
     assert caps.supported(fmt, with_op).ok
-    assert caps.supported(fmt, gpu(90)).ok
+    assert caps.supported(fmt, gpu(90)).ok and caps.supported(fmt, gpu(80)).ok
+    old = caps.supported(fmt, gpu(75))  # Hadacore is built for sm_80 and later
+    assert not old.ok and "sm_75" in old.reason and "Hadacore" in old.reason, old.reason
     # rotations fused into the weights alone need nothing at run time
     cfg["quantization_config"]["transform_config"]["config_groups"]["v"]["apply"].pop(0)
     assert caps.supported(checkpoint_format(cfg), AVX512).ok
