@@ -62,13 +62,15 @@ VLLM_ENV = {"VLLM_USE_DEEP_GEMM": "0", "VLLM_MOE_USE_DEEP_GEMM": "0"}
 # The default model: every shipped recipe the machine can make (GPTQModel and AutoAWQ are not
 # installed there; AutoAWQ is refused anyway)
 # (AutoRound, 6 min there, runs last: a long shared job holds back every `alone` job)
-DEFAULT_RECIPES = ["gptq-int4-rotated-mixed", "gptq-int4-mixed", "gptq-int4-rotated", "gptq-int4-asym", "gptq-int4",
+DEFAULT_RECIPES = ["gptq-int4-rotated-mixed", "gptq-int4-mixed", "gptq-int4-rotated",
+                   "gptq-int4-asym", "gptq-int4",
                    "rtn-int4", "awq-int4", "nvfp4a16-gptq", "w8a16-int8", "w8a8-int8",
                    "fp8-dynamic", "fp8-kv", "fp8-block", "nvfp4a16", "mxfp4a16", "nvfp4", "mxfp4",
                    "rtn-int2"]
 SLOW_RECIPES = ["autoround-int4"]
 # The 8B architecture: every distinct format, and the variants of issue 31 item 4
-R8B = ["gptq-int4-rotated-mixed", "gptq-int4-rotated", "gptq-int4-mixed", "gptq-int4-asym", "bench/variants/gptq-int4-asym-g128.yaml", "gptq-int4",
+R8B = ["gptq-int4-rotated-mixed", "gptq-int4-rotated", "gptq-int4-mixed", "gptq-int4-asym",
+       "bench/variants/gptq-int4-asym-g128.yaml", "gptq-int4",
        "bench/variants/gptq-int4-g128.yaml", "fp8-dynamic", "fp8-kv", "w8a8-int8",
        "w8a16-int8", "fp8-block", "nvfp4a16", "mxfp4a16", "nvfp4", "mxfp4", "awq-int4",
        "rtn-int2"]
@@ -159,7 +161,8 @@ def jobs() -> list[Job]:
     # 2. the 8B architecture: exports; a format without a serving row is loaded once (shared)
     # kept for their serving rows: in RAM when it has room (the disk filled up with them
     # there: 64 GiB), the last two on the disk (RAM holds the 8B source too)
-    in_ram = {"gptq-int4-rotated-mixed", "gptq-int4-rotated", "gptq-int4-mixed", "gptq-int4-asym", "gptq-int4-asym-g128", "gptq-int4-g128",
+    in_ram = {"gptq-int4-rotated-mixed", "gptq-int4-rotated", "gptq-int4-mixed", "gptq-int4-asym",
+              "gptq-int4-asym-g128", "gptq-int4-g128",
               "fp8-dynamic", "fp8-kv"}
     served = in_ram | {"w8a8-int8", "nvfp4a16"}
 

@@ -11,8 +11,14 @@ from quantize.planner.gpus import Gpu
 from quantize.planner.memory import Memory
 from quantize.spec.methods import METHODS
 from quantize.spec.recipe import Recipe
-from quantize.spec.schemes import (KERNELS, SCHEMES, gpu_fallback, gpu_problem,
-                                   gpu_support_level, rotation_problem)
+from quantize.spec.schemes import (
+    KERNELS,
+    SCHEMES,
+    gpu_fallback,
+    gpu_problem,
+    gpu_support_level,
+    rotation_problem,
+)
 
 MIN_ACCURACY = 0.9  # never recommend a recipe expected (or measured) below 90% recovery
 # At equal fit, a format that computes natively in low precision on the GPU (FP4/FP8/INT8
