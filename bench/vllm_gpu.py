@@ -63,7 +63,7 @@ VLLM_ENV = {"VLLM_USE_DEEP_GEMM": "0", "VLLM_MOE_USE_DEEP_GEMM": "0"}
 # installed there; AutoAWQ is refused anyway)
 # (AutoRound, 6 min there, runs last: a long shared job holds back every `alone` job)
 DEFAULT_RECIPES = ["gptq-int4-rotated-mixed", "gptq-int4-mixed", "gptq-int4-rotated",
-                   "gptq-int4-asym", "gptq-int4",
+                   "gptq-int4-asym", "gptq-int4", "nvfp4a16-gptq-rotated",
                    "rtn-int4", "awq-int4", "nvfp4a16-gptq", "w8a16-int8", "w8a8-int8",
                    "fp8-dynamic", "fp8-kv", "fp8-block", "nvfp4a16", "mxfp4a16", "nvfp4", "mxfp4",
                    "rtn-int2"]
