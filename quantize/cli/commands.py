@@ -9,6 +9,7 @@ import click
 
 from quantize.cli.app import handle_errors, main
 from quantize.pipeline.stages import PIPELINE, names
+from quantize.spec.consumers import CONSUMERS
 from quantize.spec.recipe import DEFAULT_RECIPE
 
 # Only checked, never used to quantize: the export is the same for every tp, but vLLM shards
@@ -77,14 +78,17 @@ def _finish(pipe: Any) -> None:
 
     print_summary(pipe)
     if "gate" in pipe.keys and pipe.manifest.releasable is False:
+        from quantize.stages.gate import read_failures
+
         gate = pipe.manifest.result("gate", GateSummary)
-        raise GateFailed(problem=f"gate failed on {', '.join(gate.failures)}, so the run is "
-                                 "marked not releasable",
+        lines = read_failures(pipe.run_dir / "gate") or gate.failures
+        raise GateFailed(problem=f"gate failed, so the run is marked not releasable: "
+                                 f"{'; '.join(lines)}",
                          hint=f"see {pipe.run_dir / 'gate' / 'gate.md'} for details")
 
 
 def _run_folder(run_dir: Path, until: str, suite: str | None, rerun: tuple[str, ...],
-                eval_engine: Any = None) -> None:
+                eval_engine: Any = None, consumers: tuple[str, ...] | None = None) -> None:
     """Continue an existing run folder up to `until`, with the recipe and model it used."""
     from quantize.cli.app import openmp_waits_passively
 
@@ -103,7 +107,7 @@ def _run_folder(run_dir: Path, until: str, suite: str | None, rerun: tuple[str, 
                       dataset=m.dataset, out=run_dir, device=m.device or "auto", until=until,
                       suite=suite, rerun=rerun,
                       tp=m.preflight.tp if m.preflight else 1,  # the tp the run was checked for
-                      eval_engine=eval_engine)
+                      eval_engine=eval_engine, consumers=consumers)
     _finish(run(opts))
 
 
@@ -184,17 +188,23 @@ def _checkpoint_eval(folder: Path, suite: str | None, out: Path | None, req: Any
     click.echo((dest / "gate.md").read_text())
     click.echo(f"reports: {dest}")
     if s.gate.verdict != "pass":
-        raise GateFailed(problem=f"gate failed: {', '.join(s.gate.failures)}",
+        from quantize.stages.gate import read_failures
+
+        raise GateFailed(problem=f"gate failed: "
+                                 f"{'; '.join(read_failures(dest) or s.gate.failures)}",
                          hint=f"see {dest}/gate.md")
 
 
 @main.command("gate", help=_help("gate"))
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--suite", default=None, help="eval suite name or YAML (default: the recipe's)")
+@click.option("--consumer", "consumers", multiple=True, type=click.Choice(sorted(CONSUMERS)),
+              help="judge the export for this consumer (repeatable; default: the consumers "
+                   "the recipe advertises): the gate fails when one loads it wrong")
 @handle_errors
-def gate_cmd(run_dir: Path, suite: str | None) -> None:
+def gate_cmd(run_dir: Path, suite: str | None, consumers: tuple[str, ...]) -> None:
     # help: quantize.pipeline.stages
-    _run_folder(run_dir, "gate", suite, ())
+    _run_folder(run_dir, "gate", suite, (), consumers=consumers or None)
 
 
 @main.command("recipes")

@@ -103,6 +103,8 @@ class RunOptions:
     # `quantize eval --engine/--tp/--kv-cache-dtype` (stages.eval.engine.EvalEngineRequest);
     # None: the recipe's or suite's eval.engine, else auto
     eval_engine: Any = None
+    # `quantize gate --consumer`: the consumers to judge the export for (None: the recipe's)
+    consumers: tuple[str, ...] | None = None
 
 
 @dataclass

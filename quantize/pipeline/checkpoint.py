@@ -65,8 +65,13 @@ def evaluate(folder: Path, suite_name: str | None, out: Path, device: str,
     req = engine or EvalEngineRequest()
     req = replace(req, engine=requested_engine(req.engine, recipe.eval.engine, suite.engine))
     choice = choose(req, folder, model.path, recipe.kv_cache is not None, device)
+    from quantize.metrics.consumers import measured_here
+
     with atomic_dir(out) as tmp:
         result = eval_stage.run(folder, model.path, fingerprint, suite, device, versions(), tmp,
-                                choice)
-        verdict = gate_stage.run(gate_stage.read_eval(tmp), tmp)
+                                choice, measured_here(recipe.online_transforms),
+                                recipe.trust_remote_code)
+        rules = {m.name: m for m in suite.metrics}
+        verdict = gate_stage.run(gate_stage.with_rules(gate_stage.read_eval(tmp), rules,
+                                                       recipe.advertised_consumers), tmp)
     return CheckpointEval(result, verdict)

@@ -36,6 +36,8 @@ class OptionsView(Protocol):
     rerun: tuple[str, ...]
     gpus: int
     eval_engine: Any  # quantize.stages.eval.engine.EvalEngineRequest | None
+    consumers: tuple[str, ...] | None  # `quantize gate --consumer`
+
 
 
 class PipelineView(Protocol):
@@ -157,6 +159,7 @@ def eval(pipe: PipelineView) -> Plan:
     from dataclasses import replace
 
     from quantize.errors import EvalError
+    from quantize.metrics.consumers import measured_here
     from quantize.stages import eval as stage
     from quantize.stages.eval.engine import EvalEngineRequest, choose, requested_engine
 
@@ -175,13 +178,16 @@ def eval(pipe: PipelineView) -> Plan:
         inputs["engine"] = engine
     if (scoring := stage.choice_scoring(suite, choice)) is not None:
         inputs["choice_scoring"] = scoring
+    consumers = measured_here(pipe.recipe.online_transforms)
+    inputs["consumers"] = consumers
 
     def execute(out: Path) -> EvalSummary:
         if not export.is_dir():
             raise EvalError(path=export, path_sep=" ", problem="is missing",
                             hint="run the export stage first")
         return stage.run(export, pipe.model.path, pipe.fingerprint(), suite,
-                         pipe.device, pipe.manifest.versions, out, choice)
+                         pipe.device, pipe.manifest.versions, out, choice, consumers,
+                         pipe.recipe.trust_remote_code)
 
     return inputs, execute
 
@@ -191,12 +197,14 @@ def gate(pipe: PipelineView) -> Plan:
 
     suite = pipe.suite()
     rules = {m.name: m for m in suite.metrics}
+    consumers = pipe.opts.consumers or pipe.recipe.advertised_consumers
     inputs = {"eval": pipe.keys["eval"],
               "rules": [m.model_dump(include={"name", "direction", "threshold", "on_fail"})
-                        for m in suite.metrics]}
+                        for m in suite.metrics],
+              "consumers": list(consumers)}
 
     def execute(out: Path) -> GateSummary:
         ev = stage.read_eval(pipe.run_dir / "eval")
-        return stage.run(stage.with_rules(ev, rules), out)
+        return stage.run(stage.with_rules(ev, rules, consumers), out)
 
     return inputs, execute

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, Discriminator, Field, Tag, TypeAdapter, model_validator
 
 from quantize.errors import RecipeError
+from quantize.spec.consumers import ConsumerName, cannot_apply, default_consumers
 from quantize.spec.engines import BackendName, check_recipe
 from quantize.spec.methods import METHODS, OPTION_BLOCKS, MethodName, ObserverName
 from quantize.spec.metric_kinds import (
@@ -204,6 +205,11 @@ class Recipe(Strict):
     overrides: list[Override] = Field(default_factory=list)
     smoothquant: SmoothQuantOptions | None = None
     rotation: Rotation | None = None
+    consumers: list[ConsumerName] | None = Field(
+        default=None, min_length=1, description="the programs the export is advertised for "
+        "(transformers, lm-eval-hf, transformers+transforms, vllm): the gate fails when one "
+        "of them loads it wrong, and the card lists only these. Default: every consumer that "
+        "can load it (with online rotations: vllm and transformers+transforms)")
     mixed_precision: MixedPrecision | None = None
     gptq: GPTQOptions | None = None
     awq: AWQOptions | None = None
@@ -272,6 +278,13 @@ class Recipe(Strict):
                              f" on the llmcompressor engine; this recipe has method "
                              f"{self.method}, backend {self.backend}. Remove rotation or use "
                              "method: gptq")
+        if self.consumers is not None and self.online_transforms and (
+                bad := cannot_apply(self.consumers)):
+            raise ValueError(
+                f"consumers {bad} load checkpoints without their online rotations (transformers "
+                "ignores transform_config), so this recipe's export would compute another model "
+                "there; remove them from consumers (vllm and transformers+transforms apply the "
+                "rotations), or remove rotation for an export every consumer loads")
         if self.mixed_precision is not None:
             self._check_mixed(info)
         if self.backend != "llmcompressor":
@@ -287,6 +300,17 @@ class Recipe(Strict):
             raise ValueError("mixed_precision writes per-layer schemes, which only the "
                              f"llmcompressor engine exports; remove it or drop backend: "
                              f"{self.backend}")
+
+    @property
+    def online_transforms(self) -> bool:
+        """Whether the export needs transforms applied online at run time (rotations)."""
+        return self.rotation is not None
+
+    @property
+    def advertised_consumers(self) -> tuple[str, ...]:
+        """The consumers the export is advertised for: the recipe's, else every one that
+        can load it (quantize/spec/consumers.py)."""
+        return tuple(self.consumers or default_consumers(self.online_transforms))
 
     @property
     def needs_calibration(self) -> bool:

@@ -14,10 +14,12 @@ Nothing flips silently in either direction.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from quantize.run.files import atomic_write_json, atomic_write_text
 from quantize.run.results import EvalMetrics, GateResult, GateSummary, MetricRow
+from quantize.spec.consumers import CONSUMERS, MAX_KL, row_name
 from quantize.spec.metric_kinds import METRIC_KINDS, MetricBase, MetricKind
 from quantize.spec.recipe import MetricSpec
 from quantize.textfmt import md_table
@@ -79,7 +81,8 @@ def markdown(result: GateResult) -> str:
           f"{r.recovery:.2%}", f"{r.threshold:.2%}", r.verdict, r.note) for r in result.rows],
         right=(2, 3, 4, 5))]
     if result.failures:
-        lines += ["", f"Blocking failures: {', '.join(result.failures)}. Not releasable."]
+        lines += ["", f"Blocking failures: {', '.join(result.failures)}. Not releasable.", "",
+                  *(f"- {line}" for line in failure_lines(result))]
     return "\n".join(lines) + "\n"
 
 
@@ -90,6 +93,16 @@ def run(eval_result: EvalMetrics, out: Path) -> GateSummary:
     return result.summary()
 
 
+def read_failures(gate_dir: Path) -> list[str]:
+    """gate.json's blocking failures, one line each ([] when there is no gate.json)."""
+    import json
+
+    path = gate_dir / "gate.json"
+    if not path.is_file():
+        return []
+    return failure_lines(GateResult.model_validate(json.loads(path.read_text())))
+
+
 def read_eval(eval_dir: Path) -> EvalMetrics:
     """The eval stage's result (eval.json), as the gate reads it: its metric rows."""
     import json
@@ -97,13 +110,38 @@ def read_eval(eval_dir: Path) -> EvalMetrics:
     return EvalMetrics.model_validate(json.loads((eval_dir / "eval.json").read_text()))
 
 
-def with_rules(ev: EvalMetrics, rules: dict[str, MetricSpec]) -> EvalMetrics:
+def with_rules(ev: EvalMetrics, rules: dict[str, MetricSpec],
+               consumers: tuple[str, ...] = ()) -> EvalMetrics:
     """The eval result with today's thresholds and on_fail rules (they may have changed since
-    eval ran: the gate re-judges without re-measuring)."""
+    eval ran: the gate re-judges without re-measuring). A consumer the export is advertised
+    for blocks when it loads the export wrong; one it is not advertised for only warns. An
+    advertised consumer measured on this machine (not vLLM, which `quantize verify` checks)
+    but missing from eval.json (an eval made before consumers were checked) fails: nothing
+    vouches for it."""
     ev = EvalMetrics.model_validate(ev)  # an eval.json read as JSON, too
     for row in ev.metrics:
+        if row.kind == "consumer_agreement":
+            row.on_fail = "block" if row.name.split(":", 1)[1] in consumers else "warn"
+            continue
         if row.name not in rules:  # a structural row with its own rule (expert_coverage)
             continue
         row.threshold = rules[row.name].threshold
         row.on_fail = rules[row.name].on_fail
+    have = {r.name for r in ev.metrics}
+    for c in consumers:
+        if CONSUMERS[c].measured_by == "eval" and row_name(c) not in have:
+            ev.metrics.append(MetricRow(
+                name=row_name(c), kind="consumer_agreement", baseline=1.0, candidate=0.0,
+                threshold=math.exp(-MAX_KL), settings={"load_error": (
+                    "not measured: eval.json has no row for this consumer (re-run "
+                    "`quantize eval --rerun eval`)")}))
     return ev
+
+
+def failure_lines(result: GateResult) -> list[str]:
+    """One line per blocking failure: a consumer's says what it computes and why."""
+    from quantize.metrics.consumers import problem
+
+    return [problem(r) if r.kind == "consumer_agreement" else
+            f"{r.name}: recovery {r.recovery:.2%} below the threshold {r.threshold:.0%}"
+            for r in result.rows if r.verdict == "fail"]

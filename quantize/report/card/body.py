@@ -20,6 +20,7 @@ from quantize.report.card.inputs import (
     kernel_names,
 )
 from quantize.report.card.memory import MemoryView, memory
+from quantize.spec.consumers import ATTACH_TRANSFORMS
 from quantize.spec.engines import ENGINES
 from quantize.spec.methods import METHODS
 
@@ -69,6 +70,11 @@ class BodyView:
     chat: bool
     speed: list[str]  # the format's measured serving speed (planner.speed), where measured
     hf_needs: str
+    consumers: list[Any]  # card/consumers.py ConsumerLine: where this run loaded it
+    hf_plain: bool  # plain transformers loads it right (checked): its snippet
+    hf_transforms: bool  # transformers + the transform snippet loads it right (checked)
+    vllm_checked: bool
+    attach_transforms: str  # the snippet lines that attach the online transforms
     # reproduce
     recipe_text: str
     llmc_recipe: bool  # the export carries llmcompressor_recipe.yaml
@@ -187,6 +193,9 @@ def body_view(inputs: CardInputs) -> BodyView:
         kv_fp8=bool(kv_bits), chat=inputs.has_chat_template,
         speed=_speed(inputs),
         hf_needs="gptqmodel optimum" if inputs.native else "compressed-tensors",
+        consumers=inputs.consumers, hf_plain=inputs.checked("transformers"),
+        hf_transforms=inputs.checked("transformers+transforms"),
+        vllm_checked=inputs.checked("vllm"), attach_transforms=ATTACH_TRANSFORMS,
         recipe_text=inputs.recipe_text.rstrip(), llmc_recipe=r.backend == "llmcompressor",
         model_arg=_model_arg(inputs), versions=sorted(inputs.versions.items()),
         extra_files=", ".join(f"`{f}`" for f in inputs.extra_files))

@@ -58,7 +58,10 @@ def card_data(inputs: CardInputs) -> ModelCardData:
         extra["base_model_relation"] = "quantized"
     results = eval_results(inputs)
     return ModelCardData(
-        base_model=b.repo_id, library_name="transformers", pipeline_tag="text-generation",
+        # the Hub's "use this model" button: only where this run loaded it in transformers
+        base_model=b.repo_id,
+        library_name="transformers" if inputs.checked("transformers") else None,
+        pipeline_tag="text-generation",
         license=b.license, license_name=b.license_name, license_link=b.license_link,
         tags=tags(inputs), model_name=inputs.repo_id if results else None,
         eval_results=results or None, **extra)

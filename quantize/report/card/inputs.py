@@ -92,6 +92,18 @@ class CardInputs:
         """A native GPTQ/AWQ checkpoint (GPTQModel, AutoAWQ), not compressed-tensors."""
         return self.quant is not None and self.quant.native
 
+    @cached_property
+    def consumers(self) -> list[Any]:
+        """The consumers this run checked, with what was measured (card/consumers.py)."""
+        from quantize.report.card.consumers import consumer_lines
+
+        return consumer_lines(self.gate, self.verify, self.recipe.advertised_consumers)
+
+    def checked(self, consumer: str) -> bool:
+        from quantize.report.card.consumers import checked
+
+        return checked(self.consumers, consumer)
+
     @property
     def kv_cache_bits(self) -> int | None:
         """Bits per KV-cache element the checkpoint stores scales for (None: not quantized)."""
@@ -115,6 +127,8 @@ class CardMetric:
         verdicts = {r["name"]: r for r in (gate or {}).get("rows", [])}
         out = []
         for r in (ev or {}).get("metrics", []):
+            if r.get("kind") == "consumer_agreement":  # its own table (card/consumers.py)
+                continue
             joined, g = dict(r), verdicts.get(r["name"], {})
             for k in ("threshold", "verdict", "note", "recovery"):
                 if g.get(k) is not None:

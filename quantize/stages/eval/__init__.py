@@ -301,8 +301,32 @@ def serving_dtype(candidate: Path, choice: EngineChoice | None) -> str | None:
     return "bfloat16" if choice.device == "cpu" else None
 
 
+def consumer_rows(candidate: Path, device: str, consumers: list[str],
+                  trust_remote_code: bool = False) -> list[MetricRow]:
+    """The export loaded as each consumer loads it, against the reference decode the suite
+    was scored on (quantize/metrics/consumers.py): one agreement row per consumer."""
+    if not consumers:
+        return []
+    from quantize.metrics import consumers as agreement
+
+    with step(f"loading the export as {', '.join(consumers)} do"):
+        model, tok = load_model(candidate, device)
+        try:
+            reference = agreement.Reference(model, tok)
+        finally:
+            del model
+            gc.collect()
+        rows = agreement.check(candidate, reference, consumers, device, trust_remote_code)
+    for r in rows:
+        s = r.settings
+        info(f"    {r.name}: " + (f"KL {s['kl']:.2g}, top-1 {s['top1_agreement']:.1%}"
+                                   if "kl" in s else f"cannot load ({s['load_error']})"))
+    return rows
+
+
 def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, device: str,
-        versions: dict[str, str], out: Path, choice: EngineChoice | None = None
+        versions: dict[str, str], out: Path, choice: EngineChoice | None = None,
+        consumers: list[str] | None = None, trust_remote_code: bool = False
         ) -> EvalSummary:
     check_engine(suite, choice)  # before anything is read
     engine = EvalEngine(choice, out / "logs", serving_dtype(candidate, choice))
@@ -313,6 +337,7 @@ def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, de
     pause_point("eval:baseline")  # tests kill the run between baseline and candidate
     t1 = time.perf_counter()
     cand = score(candidate, suite, device, "candidate", engine, base)
+    agree = consumer_rows(candidate, device, consumers or [], trust_remote_code)
     t2 = time.perf_counter()
     engine_info = EngineInfo(
         name=c.name, requested=c.requested, reason=c.reason, tp=c.tp,
@@ -325,7 +350,7 @@ def run(candidate: Path, base_path: Path, fingerprint: str, suite: EvalSuite, de
         baseline=BaselineRef(path=str(base_path), fingerprint=fingerprint, cached=cached,
                              results=_strip(base)),
         candidate=CandidateRef(path=str(candidate), results=_strip(cand)),
-        metrics=compare(suite, base, cand) + _moe_rows(candidate),
+        metrics=compare(suite, base, cand) + _moe_rows(candidate) + agree,
         timing=Timing(baseline_s=round(t1 - t0, 1), candidate_s=round(t2 - t1, 1)),
     )
     atomic_write_json(out / "eval.json", result.to_json())
