@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from quantize.cli.app import handle_errors, main
+from quantize.cli.plan_cmd import GPUS, SEQS, TOKENS
 from quantize.spec.recipe import DEFAULT_RECIPE
 
 if TYPE_CHECKING:
@@ -30,9 +31,9 @@ def _bits(text: str) -> tuple[int, ...]:
 @click.argument("model", default="default")
 @click.option("--gpu", "gpu_name", default=None, help="GPU from the catalog (quantize/data/"
               "gpus.yaml), e.g. rtx5090, l4, h100")
-@click.option("--gpus", default=1, show_default=True, type=int, help="GPUs (tensor parallel)")
-@click.option("--max-model-len", "context", default=32768, show_default=True, type=int)
-@click.option("--concurrency", default=16, show_default=True, type=int,
+@click.option("--gpus", default=1, show_default=True, type=GPUS, help="GPUs (tensor parallel)")
+@click.option("--max-model-len", "context", default=32768, show_default=True, type=TOKENS)
+@click.option("--concurrency", default=16, show_default=True, type=SEQS,
               help="sequences that must fit at once at --max-model-len")
 @click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto",
               show_default=True)
@@ -44,7 +45,8 @@ def _bits(text: str) -> tuple[int, ...]:
               help="candidate precisions (the base recipe's bits, 8, 16)")
 @click.option("--recipe", "base_name", default=DEFAULT_RECIPE, show_default=True,
               help="the base (lowest-precision) recipe")
-@click.option("--sensitivity-tokens", default=512, show_default=True, type=int,
+@click.option("--sensitivity-tokens", default=512, show_default=True,
+              type=click.IntRange(16, 1_000_000),  # a recipe's mixed_precision.tokens too
               help="calibration tokens each sensitivity forward pass scores, rounded up to whole "
                    "calibration samples")
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
@@ -70,7 +72,7 @@ def fit_cmd(model: str, gpu_name: str | None, gpus: int, context: int, concurren
     --concurrency users on --gpus x --gpu (or fits --max-weights) with the least measured
     loss; write the recipe and run it through calibrate -> ... -> gate -> verify."""
     from quantize.fit.assign import setup
-    from quantize.fit.budget import Serving, parse_size
+    from quantize.fit.budget import Serving
     from quantize.planner.gpus import find
     from quantize.progress import info
     from quantize.spec.recipe import load_recipe, suite_for
@@ -80,7 +82,7 @@ def fit_cmd(model: str, gpu_name: str | None, gpus: int, context: int, concurren
         suite_for(base, suite)  # a bad suite fails now, not after calibration
     serving = (Serving(find(gpu_name, gpu_file), gpus, context, concurrency,
                        kv_cache_dtype == "fp8") if gpu_name else None)
-    weights = parse_size(max_weights) if max_weights else None
+    weights = _size(max_weights) if max_weights else None
     p = setup(model, base, serving, weights, _bits(bits_text), min_recovery)
     for line in p.budget.lines():
         info(line)
@@ -91,6 +93,19 @@ def fit_cmd(model: str, gpu_name: str | None, gpus: int, context: int, concurren
     costs = _costs(p, base_name, opts, sensitivity_tokens) if measured else _prior(p)
     _assign_and_run(p, costs, measured, opts, f"fit-{tag}", dry_run, verify,
                     [*runs_dirs] or [Path("runs")])
+
+
+def _size(text: str) -> int:
+    """--max-weights in bytes; a number too large for a float (400 digits) is refused as
+    a bad size (--min-recovery, --bits and the size's own form are refused by quantize.fit)."""
+    from quantize.errors import FitError
+    from quantize.fit.budget import parse_size
+
+    try:
+        return parse_size(text)
+    except OverflowError:
+        raise FitError(problem=f"--max-weights {text[:40]!r} is not a positive size",
+                       hint="write e.g. 120MB, 0.5GiB or a byte count") from None
 
 
 def _tag(gpu: str | None, gpus: int, context: int, users: int, kv: str,

@@ -3,11 +3,39 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import click
 
 from quantize.cli.app import handle_errors, main
+
+# The ranges of the numeric options (plan's and fit's): a value outside is click's usage
+# error (exit 2) naming the option and the range, before anything is read. The bounds are far
+# above any real setup (the planner's minimum-TP search stops at 8 GPUs; the longest context
+# a model takes is 10M tokens, Llama 4 Scout's; vLLM's largest default is 1,024 sequences).
+MAX_GPUS = 512
+MAX_TOKENS = 1 << 24  # --max-model-len, --max-num-batched-tokens
+MAX_SEQS = 65_536  # --concurrency, --max-num-seqs
+MAX_OFFLOAD_GIB = 65_536.0
+
+
+class Finite(click.FloatRange):
+    """click's FloatRange, NaN refused too (it compares false with every bound and so passed
+    FloatRange; inf passes a range without an upper bound: give one)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value} is not in the range {self._describe_range()}.", param, ctx)
+        return number
+
+
+GPUS = click.IntRange(1, MAX_GPUS)
+TOKENS = click.IntRange(1, MAX_TOKENS)
+SEQS = click.IntRange(1, MAX_SEQS)
 
 _STATUS = {"fits": "yes", "partial": "fewer users", "no-kv": "no (KV)", "no-fit": "no",
            "unsupported": "unsupported", "n/a": "n/a"}
@@ -17,26 +45,28 @@ _STATUS = {"fits": "yes", "partial": "fewer users", "no-kv": "no (KV)", "no-fit"
 @click.argument("model", default="default")
 @click.option("--gpu", "gpu_name", required=True, help="GPU name from the catalog, e.g. rtx5090, "
               "h100, a100-80gb (see quantize/data/gpus.yaml)")
-@click.option("--gpus", default=1, show_default=True, type=int,
+@click.option("--gpus", default=1, show_default=True, type=GPUS,
               help="GPUs per server: the tensor-parallel size planned")
-@click.option("--max-model-len", "context", default=32768, show_default=True, type=int,
+@click.option("--max-model-len", "context", default=32768, show_default=True, type=TOKENS,
               help="context length every sequence may reach")
-@click.option("--concurrency", default=16, show_default=True, type=int,
+@click.option("--concurrency", default=16, show_default=True, type=SEQS,
               help="sequences that must fit at once at --max-model-len (vLLM --max-num-seqs)")
 @click.option("--recipes", default="all", show_default=True,
               help="comma-separated recipe names or YAML paths, or `all`")
-@click.option("--gpu-memory-utilization", "util", default=0.9, show_default=True, type=float)
+@click.option("--gpu-memory-utilization", "util", default=0.9, show_default=True,
+              type=Finite(0.05, 1.0), help="the share of each GPU's memory vLLM may use")
 @click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto",
               show_default=True, help="auto: model dtype, fp8 for recipes with kv_cache: fp8")
-@click.option("--max-num-batched-tokens", type=int, default=None,
+@click.option("--max-num-batched-tokens", type=TOKENS, default=None,
               help="vLLM's profile-run size (default: vLLM's default for the GPU)")
 @click.option("--runs", "runs_dir", type=click.Path(path_type=Path), default=Path("runs"),
               show_default=True, help="where to look for run folders with measured recoveries")
 @click.option("--gpu-file", type=click.Path(path_type=Path), default=None,
               help="extra GPU catalog YAML (same format as quantize/data/gpus.yaml)")
-@click.option("--max-num-seqs", type=int, default=None,
+@click.option("--max-num-seqs", type=SEQS, default=None,
               help="vLLM's sequence limit (default: --concurrency); sizes the sampler's peak")
-@click.option("--cpu-offload-gb", "cpu_offload_gb", type=float, default=0.0, show_default=True,
+@click.option("--cpu-offload-gb", "cpu_offload_gb", type=Finite(0.0, MAX_OFFLOAD_GIB),
+              default=0.0, show_default=True,
               help="GiB of weights vLLM keeps in host memory (vllm serve --cpu-offload-gb)")
 @click.option("--enforce-eager", is_flag=True,
               help="plan for vllm serve --enforce-eager (no CUDA graphs)")
