@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-RECIPE ?= gptq-int4-rotated
+RECIPE ?= gptq-int4-asym-g32
 MODEL ?= default
 DATASET ?=
 OUT ?=

@@ -125,6 +125,15 @@ JOBS: dict[str, tuple[str, int, list[str]]] = {
                                         "--calib", C32]),
     "8b-fp8block-oneshot": ("8b", 60, ["--mode", "oneshot", "--recipe", "fp8-block",
                                        "--calib", C32]),
+    # issue 46: the candidates for the portable default against gptq-int4, one call, same
+    # tokens, no phase timers, gptq-int4 first and last (A B C A)
+    **{f"{m}-t-{name}": (m, 90 if m == "8b" else 75,
+                         ["--mode", "pipeline", "--recipe", recipe, "--calib",
+                          C128 if m == "8b" else C32])
+       for m in ("8b", "moe12")
+       for name, recipe in (("gptq-a", "gptq-int4"), ("asym", "gptq-int4-asym"),
+                            ("asym32", "bench/variants/gptq-asym-imatrix-g32.yaml"),
+                            ("gptq-b", "gptq-int4"))},
 }
 
 

@@ -105,14 +105,22 @@ def handle_errors(fn: F) -> F:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="quantize")
 def main() -> None:
-    """quantize: recipe → calibrate → quantize → export → eval → gate, offline and resumable.
-
-    Run `quantize run gptq-int4` to quantize the embedded default model.
-    """
+    """quantize: recipe → calibrate → quantize → export → eval → gate, offline and resumable."""
     if not sys.stderr.isatty():
         # A log file or CI console gets the engines' progress bars every 30 s instead of
         # several times a second (tqdm reads TQDM_* when it is first imported, which is later)
         os.environ.setdefault("TQDM_MININTERVAL", "30")
+
+
+def _main_help() -> str:
+    """The group's help, its default recipe named from the one place that holds it."""
+    from quantize.spec.recipe import DEFAULT_RECIPE
+
+    return (f"{main.help}\n\nRun `quantize run` to quantize the embedded default model with "
+            f"the default recipe `{DEFAULT_RECIPE}` (`quantize recipes` lists the others).")
+
+
+main.help = _main_help()
 
 
 def openmp_waits_passively() -> bool:

@@ -50,7 +50,7 @@ def _logprobs(forward: Callable[[Any], Any], ids: Any) -> Any:
     return torch.cat(out)
 
 
-class Reference:
+class ReferenceLogits:
     """The reference decode's top-k next-token log-probabilities and its NLL on the windows."""
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
@@ -149,7 +149,7 @@ def measured_here(online_transforms: bool) -> list[str]:
     return [c for c in LOADERS if online_transforms or not CONSUMERS[c].online_transforms]
 
 
-def check(path: Path, reference: Reference, consumers: list[str], device: str,
+def check(path: Path, reference: ReferenceLogits, consumers: list[str], device: str,
           trust_remote_code: bool = False) -> list[MetricRow]:
     """One agreement row per consumer, each loaded on its own and freed before the next."""
     import logging

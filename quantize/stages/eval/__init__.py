@@ -312,7 +312,7 @@ def consumer_rows(candidate: Path, device: str, consumers: list[str],
     with step(f"loading the export as {', '.join(consumers)} do"):
         model, tok = load_model(candidate, device)
         try:
-            reference = agreement.Reference(model, tok)
+            reference = agreement.ReferenceLogits(model, tok)
         finally:
             del model
             gc.collect()
