@@ -40,7 +40,7 @@ from quantize.stages.publish import PublishOptions, publish
 TOKEN = "hf_PublishTestToken7Qx9ZkLm3Np5Rs"  # recognisable: must never show up anywhere
 ORG = "test-org"
 BASE = "test-org/Tiny-Llama"  # the tiny model is a local folder: name its "Hub id"
-REPO = f"{ORG}/Tiny-Llama-W4A16"
+REPO = f"{ORG}/Tiny-Llama-rtn-int4"  # the default name: <base>-<recipe>
 
 
 @pytest.fixture(scope="module")
@@ -221,17 +221,20 @@ def test_interrupted_upload_resumes_without_resending_finished_objects(
     assert len(parts) == len(set(parts))  # the second attempt sent no LFS bytes again
 
 
-def test_files_not_in_the_run_are_deleted_in_the_same_commit(run_dir: Path,
-                                                             hub: FakeHub) -> None:
+def test_files_this_tool_did_not_upload_are_never_deleted(run_dir: Path,
+                                                           hub: FakeHub) -> None:
     publish(opts(run_dir))
     repo = hub.repos[REPO]
     old = dict(repo.head.files)
-    old["model-00001-of-00002.safetensors"] = Blob(b"\0stale", True)
+    old["model-00001-of-00002.safetensors"] = Blob(b"\0someone else's", True)
     hub._commit(repo, "someone else's shard", "", old)
     res = publish(opts(run_dir))
-    assert res.changed and res.deleted == ["model-00001-of-00002.safetensors"]
-    assert "model-00001-of-00002.safetensors" not in hub.files(REPO)
+    assert not res.changed and res.deleted == []  # not in our marker: not ours to delete
+    assert "model-00001-of-00002.safetensors" in hub.files(REPO)
     assert ".gitattributes" in hub.files(REPO)
+    # the marker lists what this tool uploaded: only those files may ever be deleted
+    marker = json.loads(hub.files(REPO)["quantize/repo.json"].data)
+    assert "quantize/gate.json" in marker["files"]
 
 
 def test_errors_never_carry_the_token(run_dir: Path, hub: FakeHub) -> None:

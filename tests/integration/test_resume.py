@@ -40,7 +40,7 @@ from fixtures.pause import (
 )
 
 ORG, BASE = "test-org", "test-org/Tiny-Llama"
-REPO = f"{ORG}/Tiny-Llama-FP8-dynamic"
+REPO = f"{ORG}/Tiny-Llama-fp8-dynamic"  # <base>-<recipe>
 SIGNALS = (signal.SIGKILL, signal.SIGINT)
 STAGE_POINTS = {  # in the order the run runs them (fixtures.pause.STAGES)
     "calibrate": ("start", "written"),

@@ -1,11 +1,15 @@
 """The upload: one commit through huggingface_hub's commit API, retried on transient errors.
 
-`HfApi.create_commit` with a `CommitOperationAdd` per file and a `CommitOperationDelete` per
-remote file the run does not have (never `.gitattributes`), `parent_commit` = the head read
-just before. `upload_folder(delete_patterns=...)` is not used although it builds the same
-operations: with `hf_xet` installed (the default) it takes a pipelined path that may split a
-large folder into several commits, it lists the remote files at the branch head rather than
-at the commit it checked, and it does not say what it deleted.
+Before any request every file is pinned and hashed again (pinned.py): nothing goes up that
+does not hash to what the run recorded. Then the repo is read (`model_info`): a repo that does
+not exist is created; an existing one must carry this tool's marker (marker.py) unless
+`--overwrite`. `HfApi.create_commit` gets a `CommitOperationAdd` per file and a
+`CommitOperationDelete` per remote file that the previous marker lists (this tool uploaded
+it) and the run no longer has, never `.gitattributes` nor any other file, with
+`parent_commit` = the head read just before. `upload_folder(delete_patterns=...)` is not
+used: with `hf_xet` installed (the default) it takes a pipelined path that may split a large
+folder into several commits, it lists the remote files at the branch head rather than at the
+commit it checked, and it does not say what it deleted.
 
 create_commit asks the Hub which files it already holds with the same content and skips
 them; with no change left it makes no commit and returns the head. So a retry after a lost
@@ -23,12 +27,15 @@ from typing import TYPE_CHECKING
 
 from quantize import __version__
 from quantize.errors import PublishError, first_line
+from quantize.progress import info as progress
+from quantize.stages.publish.marker import KEEP_REMOTE, MARKER, claim
 from quantize.stages.publish.messages import redact, warn
+from quantize.stages.publish.pinned import Pinned, pinned
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import ModelInfo
 
-KEEP_REMOTE = frozenset({".gitattributes"})  # never deleted by a publish
 _TRANSIENT_STATUS = {408, 412, 429, 500, 502, 503, 504}
 
 
@@ -113,6 +120,9 @@ def _hint(exc: BaseException, repo_id: str) -> str | None:
     if status == 403:
         return (f"the token may not write to {org!r}; use a write token of a member of that "
                 "organisation")
+    if status == 409:
+        return (f"{repo_id} exists, but the token cannot read it (or someone created it "
+                "meanwhile); publish under another --name")
     if status == 412:
         return "someone else pushed to the repo meanwhile; run publish again"
     if status is not None and status in _TRANSIENT_STATUS:
@@ -149,51 +159,88 @@ class Pushed:
     head_before: str | None  # the head seen by the FIRST attempt
     deleted: list[str]
     private: bool | None
+    overwritten: bool = False  # --overwrite let it write to a repo that was not its own
 
 
 _UNSEEN = "<unseen>"
 
 
-def _push_once(api: HfApi, folder: Path, repo_id: str, private: bool, message: str,
-               description: str, first_head: list[str | None]) -> Pushed:
+@dataclass
+class _Attempts:
+    """What the attempts of one upload share: the head the first one saw, whether the upload
+    was announced."""
+
+    first_head: str | None = _UNSEEN
+    announce: bool = True
+
+
+def _repo_info(api: HfApi, repo_id: str, private: bool) -> tuple[ModelInfo, bool]:
+    """The repo's info, creating it when it does not exist: (info, whether it existed)."""
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    try:
+        return api.model_info(repo_id, files_metadata=True), True
+    except RepositoryNotFoundError:
+        pass
+    api.create_repo(repo_id, private=private, exist_ok=False)
+    return api.model_info(repo_id, files_metadata=True), False
+
+
+def _push_once(api: HfApi, files: Pinned, repo_id: str, private: bool, message: str,
+               description: str, marker: dict[str, str], overwrite: bool,
+               seen: _Attempts) -> Pushed:
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
-    api.create_repo(repo_id, private=private, exist_ok=True)
-    info = api.model_info(repo_id)
-    if first_head[0] == _UNSEEN:
-        first_head[0] = info.sha
-    local = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-    remote = {s.rfilename for s in info.siblings or []}
-    stale = sorted(remote - set(local) - KEEP_REMOTE)
-    ops: list[CommitOperationAdd | CommitOperationDelete] = [
-        CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(folder / rel)) for rel in local]
+    info, existed = _repo_info(api, repo_id, private)
+    if seen.first_head == _UNSEEN:
+        seen.first_head = info.sha
+    deletable: set[str] = set()
+    overwritten = False
+    if existed:
+        got = claim(api, info, marker, overwrite=overwrite)
+        deletable, overwritten = got.deletable, got.overwritten
+    stale = sorted(deletable - set(files.plan) - KEEP_REMOTE - {MARKER})
+    if seen.announce:  # once the repo is known to be ours to write
+        seen.announce = False
+        from rich.markup import escape
+
+        progress(escape(f"uploading {len(files.plan)} files to {repo_id} ({endpoint()})"))
+    ops: list[CommitOperationAdd | CommitOperationDelete] = list(files.ops())
     ops += [CommitOperationDelete(path_in_repo=rel) for rel in stale]
     # parent_commit: if someone else pushes meanwhile the Hub answers 412 and we retry.
     commit = api.create_commit(repo_id, ops, commit_message=message,
-                               commit_description=description, parent_commit=info.sha)
+                               commit_description=description,
+                               parent_commit=info.sha)
     # A retry after a lost response finds its own commit already there: "changed" is judged
     # against the head the first attempt saw.
-    return Pushed(commit.oid, first_head[0], stale, info.private)
+    return Pushed(commit.oid, seen.first_head, stale, info.private, overwritten)
 
 
-def upload(folder: Path, repo_id: str, *, private: bool, token: str, message: str,
-           description: str, retries: int, backoff_s: float) -> Pushed:
-    """Create the repo (exist_ok) and push `folder` as one commit; transient errors retry the
-    whole step with exponential backoff (safe: see the module docstring)."""
+def upload(root: Path, folder: tuple[str, ...], plan: dict[str, tuple[int, str]],
+           repo_id: str, *, private: bool, token: str, message: str, description: str,
+           marker: dict[str, str], overwrite: bool, retries: int, backoff_s: float) -> Pushed:
+    """Pin and re-hash the staged folder `root/folder...` (exactly the files of `plan`),
+    check the repo is this tool's (or create it), and push the files as one commit;
+    transient errors retry the whole step with exponential backoff (safe: see the module
+    docstring). A refusal comes before any write to the Hub."""
     from huggingface_hub import HfApi
 
     api = HfApi(endpoint=endpoint(), token=token, library_name="quantize",
                 library_version=__version__)
-    first_head: list[str | None] = [_UNSEEN]
-    for attempt in range(1, retries + 1):
-        try:
-            return _push_once(api, folder, repo_id, private, message, description, first_head)
-        except Exception as exc:  # any message may quote the token: all are redacted
-            if not is_transient(exc) or attempt == retries:
-                raise failure(exc, repo_id, token) from None
-            wait = backoff_s * 2 ** (attempt - 1)
-            warn(redact(f"transient Hub error ({type(exc).__name__}: "
-                        f"{(str(exc).splitlines() or [''])[0]}); retry {attempt}/{retries - 1} "
-                        f"in {wait:.1f}s", token))
-            time.sleep(wait)
+    seen = _Attempts()
+    with pinned(root, folder, plan) as files:
+        for attempt in range(1, retries + 1):
+            try:
+                return _push_once(api, files, repo_id, private, message, description, marker,
+                                  overwrite, seen)
+            except PublishError:
+                raise
+            except Exception as exc:  # any message may quote the token: all are redacted
+                if not is_transient(exc) or attempt == retries:
+                    raise failure(exc, repo_id, token) from None
+                wait = backoff_s * 2 ** (attempt - 1)
+                warn(redact(f"transient Hub error ({type(exc).__name__}: "
+                            f"{(str(exc).splitlines() or [''])[0]}); retry "
+                            f"{attempt}/{retries - 1} in {wait:.1f}s", token))
+                time.sleep(wait)
     raise AssertionError("unreachable")

@@ -1,14 +1,18 @@
 """The repo contents: its name, the model card's inputs, the provenance files, the folder.
 
-The folder holds exactly what the Hub repo will: the export's files (hard links, byte for
-byte, minus its manifest, which is shipped scrubbed under quantize/), README.md and the raw
-results. It is built aside and renamed into place, so a killed publish never leaves a
-half-written folder that a later upload would push.
+The folder holds exactly what the Hub repo will: the files the export's manifest record lists
+(hard links, byte for byte, each opened without following links; minus its manifest, which is
+shipped scrubbed under quantize/), README.md, the raw results and the repo marker
+(quantize/repo.json, marker.py). It is built aside and renamed into place, so a killed
+publish never leaves a half-written folder that a later upload would push. `write_repo`
+returns what it holds, rel path → (size, sha256): the upload sends exactly that.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -22,9 +26,12 @@ from quantize.report.card import (
     default_repo_name,
     dumps_json,
 )
-from quantize.run.files import atomic_dir, link_or_copy
+from quantize.run.files import atomic_dir
 from quantize.run.manifest import MANIFEST
 from quantize.spec.recipe import Recipe
+from quantize.stages.publish.marker import MARKER, marker_json
+from quantize.stages.publish.messages import refused, warn
+from quantize.stages.publish.nofollow import open_file, parts_of, read_file
 from quantize.stages.publish.run_files import Json, RunFiles
 
 PROVENANCE_DIR = "quantize"  # raw results shipped next to the card
@@ -63,11 +70,21 @@ def provenance(run: RunFiles) -> dict[str, Json]:
     return {rel: _scrub_paths(data) for rel, data in files.items()}
 
 
-def _has_chat_template(export: Path) -> bool:
-    if (export / "chat_template.jinja").is_file():
+def _has_chat_template(run: RunFiles) -> bool:
+    if "chat_template.jinja" in run.files:
         return True
-    tok_cfg = export / "tokenizer_config.json"
-    return tok_cfg.is_file() and "chat_template" in json.loads(tok_cfg.read_text())
+    if "tokenizer_config.json" not in run.files:
+        return False
+    try:
+        cfg = json.loads(read_file(run.dir, ("export", "tokenizer_config.json")))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(cfg, dict) and "chat_template" in cfg
+
+
+def _weights_bytes(run: RunFiles) -> int:
+    return sum((run.export / rel).lstat().st_size for rel in run.files
+               if "/" not in rel and rel.endswith(".safetensors"))
 
 
 def card_inputs(run: RunFiles, base: BaseInfo, repo_id: str, forced: bool,
@@ -81,20 +98,71 @@ def card_inputs(run: RunFiles, base: BaseInfo, repo_id: str, forced: bool,
         calibration=Calibration.read(calibration), versions=em.versions or m.versions,
         group_size=m.preflight.group_size if m.preflight else None,
         layers=(m.preflight.layers or None) if m.preflight else None,
-        weights_bytes=sum(p.stat().st_size for p in run.export.glob("*.safetensors")),
-        has_chat_template=_has_chat_template(run.export), eval=run.eval, gate=run.gate,
+        weights_bytes=_weights_bytes(run),
+        has_chat_template=_has_chat_template(run), eval=run.eval, gate=run.gate,
         verify=run.verify, forced=forced, force_reason=run.refusal, extra_files=extra_files)
 
 
-def write_repo(run: RunFiles, inputs: CardInputs, extra: dict[str, Json], folder: Path) -> None:
-    """The exact repo contents, built aside and renamed into place."""
+def _copy_fd(fd: int, dst: Path) -> None:
+    with open(dst, "xb") as out:
+        offset = 0
+        while chunk := os.pread(fd, 8 << 20, offset):
+            out.write(chunk)
+            offset += len(chunk)
+
+
+def _stage_export_file(run: RunFiles, rel: str, dst: Path) -> int:
+    """Hard-link (else copy) one listed export file into the folder; its size. The link is
+    checked to be the inode that was opened without following links."""
+    parts = ("export", *parts_of(rel, run.dir / MANIFEST))
+    src = run.dir.joinpath(*parts)
+    fd = open_file(run.dir, parts)
+    try:
+        st = os.fstat(fd)
+        try:
+            os.link(src, dst, follow_symlinks=False)
+        except OSError:  # another file system (a dry run's --out), or links not allowed
+            _copy_fd(fd, dst)
+        else:
+            got = os.lstat(dst)
+            if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):
+                raise refused(f"{src} changed while publish read it", "run publish again", src)
+        return st.st_size
+    finally:
+        os.close(fd)
+
+
+def _write_new(path: Path, data: bytes) -> tuple[int, str]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "xb") as f:  # a new file: never written through a link
+        f.write(data)
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def write_repo(run: RunFiles, inputs: CardInputs, extra: dict[str, Json],
+               folder: Path) -> dict[str, tuple[int, str]]:
+    """The exact repo contents, built aside and renamed into place; rel path → (size,
+    sha256) of every file in it (the export's as the run manifest recorded them)."""
+    own = {"README.md": str(build_card(inputs)).encode()}
+    own |= {rel: dumps_json(data).encode() for rel, data in extra.items()}
+    shadowed = sorted(rel for rel in run.files
+                      if rel in own or rel == MARKER or rel.startswith(f"{PROVENANCE_DIR}/"))
+    if shadowed:
+        warn(f"the export's {shadowed} are not uploaded: publish writes its own files there")
+    files = {rel: sha for rel, sha in run.files.items() if rel not in shadowed}
+    plan: dict[str, tuple[int, str]] = {}
     with atomic_dir(folder) as tmp:
-        for src in sorted(run.export.rglob("*")):
-            rel = src.relative_to(run.export).as_posix()
-            if src.is_file() and rel != MANIFEST:
-                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                link_or_copy(src, tmp / rel)
-        (tmp / "README.md").write_text(str(build_card(inputs)), encoding="utf-8")
-        for rel, data in extra.items():
+        for rel in sorted(files):
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / rel).write_text(dumps_json(data), encoding="utf-8")
+            plan[rel] = (_stage_export_file(run, rel, tmp / rel), files[rel])
+        for rel, data in own.items():
+            plan[rel] = _write_new(tmp / rel, data)
+        fields = marker_fields(run, inputs.base)
+        plan[MARKER] = _write_new(tmp / MARKER, marker_json(fields["recipe"],
+                                                            fields["base_model"], list(plan)))
+    return plan
+
+
+def marker_fields(run: RunFiles, base: BaseInfo) -> dict[str, str]:
+    """What the repo marker says this repo holds (compared with an existing repo's)."""
+    return {"recipe": run.recipe.name, "base_model": base.repo_id or base.name}

@@ -20,13 +20,14 @@ from huggingface_hub import ModelCard
 from quantize.cli import main
 from quantize.errors import PublishError
 from quantize.model.config import ModelConfig
-from quantize.report.card import default_repo_name, kv_bytes_per_token
+from quantize.report.card import default_repo_name, kv_bytes_per_token, scheme_tag
 from quantize.run.files import hash_tree
 from quantize.spec.recipe import load_recipe
 from quantize.stages.publish import PublishOptions, publish, redact
 from tests.fixtures.manifests import read_manifest, write_manifest
 
 FAKE_TOKEN = "hf_QuantizeFakeToken0123456789XYZ"
+REPO_NAME = "Tiny-Base-tiny-gptq"  # the default: <base>-<recipe>
 
 
 @pytest.fixture
@@ -43,9 +44,10 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     ("gptq-int4", "W4A16"), ("rtn-int4", "W4A16"), ("awq-int4", "W4A16-asym"),
     ("w8a8-int8", "W8A8"), ("fp8-dynamic", "FP8-dynamic"), ("fp8-kv", "FP8-KV"),
     ("rtn-int2", "W2A16")])
-def test_default_repo_name_follows_known_conventions(recipe: str, tag: str) -> None:
-    assert default_repo_name("SmolLM2-135M-Instruct", load_recipe(recipe)) == \
-        f"SmolLM2-135M-Instruct-{tag}"
+def test_scheme_tags_follow_known_conventions(recipe: str, tag: str) -> None:
+    r = load_recipe(recipe)
+    assert scheme_tag(r.scheme, r.kv_cache) == tag
+    assert default_repo_name("SmolLM2-135M-Instruct", r) == f"SmolLM2-135M-Instruct-{recipe}"
 
 
 @pytest.mark.parametrize(("org", "name"), [("acme", "bad--name"), ("ac me", None),
@@ -72,10 +74,15 @@ def test_kv_bytes_per_token_from_config() -> None:
 def test_dry_run_writes_repo_contents_and_card(tmp_path: Path, no_network: None) -> None:
     run = make_run(tmp_path)
     res = dry(run, base_model="acme-base/Tiny-Base")
-    assert res.repo_id == "acme/Tiny-Base-W4A16" and res.commit is None
+    assert res.repo_id == f"acme/{REPO_NAME}" and res.commit is None
     export_files = set(hash_tree(run / "export")) - {"manifest.json"}
     assert set(res.files) == export_files | {"README.md", "quantize/export-manifest.json",
-                                             "quantize/eval.json", "quantize/gate.json"}
+                                             "quantize/eval.json", "quantize/gate.json",
+                                             "quantize/repo.json"}
+    marker = json.loads((res.folder / "quantize" / "repo.json").read_text())
+    assert marker == {"tool": "quantize", "schema": 1, "recipe": "tiny-gptq",
+                      "base_model": "acme-base/Tiny-Base",
+                      "files": sorted(set(res.files) - {"quantize/repo.json"})}
     for rel in export_files:  # the export's files, unchanged
         assert res.files[rel][1] == hash_tree(run / "export")[rel]
     shipped = (res.folder / "quantize" / "export-manifest.json").read_text()
@@ -91,20 +98,26 @@ def test_dry_run_writes_repo_contents_and_card(tmp_path: Path, no_network: None)
     ev = json.loads((run / "eval" / "eval.json").read_text())
     gate = json.loads((run / "gate" / "gate.json").read_text())
     results = {r.dataset_name: r for r in card.data.eval_results}
-    assert len(results) == len(ev["metrics"])
-    for m in ev["metrics"]:
+    scores = [m for m in ev["metrics"] if m["kind"] != "consumer_agreement"]
+    assert len(results) == len(scores)  # consumer rows have their own table, not model-index
+    for m in scores:
         match = [r for r in results.values() if r.metric_value == round(m["candidate"], 6)]
         assert match, m["name"]
     text = card.text
     for row in gate["rows"]:
+        if row["kind"] == "consumer_agreement":
+            assert "| agrees | KL 1e-05 nats, top-1 99.9%" in text
+            continue
         assert f"{row['recovery']:.1%}" in text and f"{row['threshold']:.1%}" in text
     assert f"**Release gate: {gate['verdict'].upper()}**" in text
     assert "physical_intuition" in text and "warnings: physical_intuition" in text
     assert CALIBRATION["fingerprint"] in text and "4 × 64 tokens" in text
     assert "groups of 64" in text and "`lm_head`" in text
     assert "Not verified" in text
-    assert "vllm serve acme/Tiny-Base-W4A16\n" in text
-    assert 'AutoModelForCausalLM.from_pretrained("acme/Tiny-Base-W4A16"' in text
+    # vLLM was not checked by this run: no vLLM snippet, and the card says why
+    assert f"vllm serve acme/{REPO_NAME}" not in text
+    assert "did not load the checkpoint in vLLM" in text
+    assert f'repo = "acme/{REPO_NAME}"' in text and "from_pretrained(repo" in text
     assert f"{2 * 2 * 2 * 16 * 2:,} B" in text  # KV bytes/token: 2 × layers × kv × dim × 2
     assert RECIPE.strip() in text
     assert "| quantize | 0.1.0 |" in text
@@ -114,7 +127,7 @@ def test_default_model_gets_its_hub_id_licence_and_provenance_note(tmp_path: Pat
     run = make_run(tmp_path, source="default")
     (tmp_path / "Tiny-Base" / "README.md").unlink()
     res = dry(run)
-    assert res.repo_id == "acme/SmolLM2-135M-Instruct-W4A16"
+    assert res.repo_id == "acme/SmolLM2-135M-Instruct-tiny-gptq"
     card = ModelCard.load(res.folder / "README.md")
     assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert card.data.license == "apache-2.0"
@@ -185,6 +198,19 @@ def test_verify_recorded_for_an_older_export_is_refused(tmp_path: Path) -> None:
 
 
 # --- refusals ----------------------------------------------------------------------------
+def test_a_gate_without_consumer_rows_is_refused(tmp_path: Path) -> None:
+    """A gate from before the consumer checks vouches for no consumer the card would name."""
+    from fixtures.hub.runs import write_eval_gate
+
+    run = make_run(tmp_path)
+    write_eval_gate(run, consumers=False)
+    with pytest.raises(PublishError) as err:
+        dry(run)
+    assert err.value.problem is not None and "\n" not in str(err.value)
+    assert err.value.problem.startswith("the gate does not show that transformers, lm-eval-hf "
+                                        "load this export right")
+
+
 def test_failed_gate_is_refused_and_force_says_so_in_the_card(tmp_path: Path) -> None:
     run = make_run(tmp_path, gate="fail")
     with pytest.raises(PublishError) as err:
@@ -304,7 +330,7 @@ def test_cli_dry_run_lists_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                     "--out", str(out), "--base-model", "acme-base/Tiny-Base"])
     assert res.exit_code == 0, res.output
     assert "dry run: nothing was uploaded" in res.output
-    assert "acme/Tiny-Base-W4A16 (private)" in res.output
+    assert f"acme/{REPO_NAME} (private)" in res.output
     for rel in ("README.md", "model.safetensors", "quantize/gate.json"):
         assert rel in res.output and (out / rel).is_file()
     assert FAKE_TOKEN not in res.output
