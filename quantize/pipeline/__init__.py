@@ -7,7 +7,9 @@ hash to what the manifest recorded; otherwise it re-runs, and the log says why.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,8 @@ from quantize.run.manifest import (
     PreflightFacts,
     RecipeInfo,
     RunFolder,
+    check_out_folder,
+    check_same_run,
     versions,
 )
 from quantize.run.results import GateSummary
@@ -114,6 +118,7 @@ class _Hashing:
     thread: threading.Thread | None = None
     value: str | None = None
     error: BaseException | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -147,15 +152,20 @@ class Pipeline:
 
     # --- the driver -----------------------------------------------------------------------
     def run(self) -> None:
-        with run_lock(self.run_dir, private=from_hub(self.model)):
+        check_out_folder(self.run_dir, self.model.path)  # before the lock creates anything
+        with run_lock(self.run_dir, private=from_hub(self.model)), self._hashing():
             folder = RunFolder(self.run_dir)
             self.manifest = folder.read()
+            # another recipe's or model's run is not replaced unless asked (--rerun all)
+            check_same_run(self.manifest, self.run_dir, self.recipe.name, self.model.source,
+                           self.model.path, replace="all" in self.opts.rerun)
             # the engine installed and willing first (no model built for that)
             backends.check_model(self.recipe, self.model.config)
             # one meta-device model for pre-flight and the memory estimate (no weights read)
             self.meta = preflight.build_meta(self.recipe, self.model.config)
             self.facts = preflight.check(self.recipe, self.model.config, tp=self.opts.tp,
-                                         model=self.meta, gpu=self.target_gpu)
+                                         model=self.meta, gpu=self.target_gpu,
+                                         weights=self.model.path)
             todo = upto(self.opts.until)
             if "eval" in {st.name for st in todo}:
                 self.suite()  # a bad suite fails now, not after hours of quantization
@@ -182,13 +192,28 @@ class Pipeline:
 
         def work() -> None:
             try:
-                box.value = model_fingerprint(self.model)
+                box.value = model_fingerprint(self.model, box.cancel)
             except BaseException as exc:  # re-raised in the caller's thread
                 box.error = exc
 
         box.thread = threading.Thread(target=work, name="model-fingerprint", daemon=True)
         box.thread.start()
         self._fp = box
+
+    @contextlib.contextmanager
+    def _hashing(self) -> Iterator[None]:
+        """However the run ends, the hashing thread has ended before it returns: a refusal
+        or Ctrl-C stops it (within a chunk) and waits for it, so the CLI never exits with it
+        running. A daemon thread still running at interpreter exit is torn down wherever it
+        is (in hashlib, in a thread pool), the likely cause of the refusals that exited 134
+        ("terminate called without an active exception", #47)."""
+        try:
+            yield
+        finally:
+            box = self._fp
+            if box is not None and box.thread is not None and box.thread.is_alive():
+                box.cancel.set()
+                box.thread.join(timeout=30)
 
     def fingerprint(self) -> str:
         """The model's fingerprint (waits for the background hash), recorded in the manifest."""

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from quantize.model.source import ModelRef
+from quantize.model.source import ModelRef, tokenizer_files
 from quantize.progress import info, step
 from quantize.run.files import sha256_file
 from quantize.run.manifest import ExportManifest, Manifest, PreflightFacts
@@ -65,8 +65,7 @@ def calibrate(pipe: PipelineView) -> Plan:
     from quantize.stages import calibrate as stage
 
     spec, base = stage.resolve_spec(pipe.recipe, pipe.opts.dataset)
-    tok_files = sorted(pipe.model.path.glob("tokenizer*")) + sorted(
-        pipe.model.path.glob("*.jinja"))
+    tok_files = tokenizer_files(pipe.model.path)  # the vocabulary files too
     inputs = {"spec": canonical_hash(spec),
               "source": stage.source_fingerprint(spec, base),
               "tokenizer": [sha256_file(f) for f in tok_files]}

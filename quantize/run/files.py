@@ -15,8 +15,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import CancelledError
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    import threading
 
 from quantize.errors import DiskError, ExportError, compose, first_line
 
@@ -53,7 +57,8 @@ def _known(path: Path) -> str | None:
     return None if key is None else _HASHED.get(key)
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path, cancel: threading.Event | None = None) -> str:
+    """The file's sha256; `cancel` set stops it within a chunk (CancelledError)."""
     known = _known(path)
     if known is not None:
         return known
@@ -61,6 +66,8 @@ def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
+            if cancel is not None and cancel.is_set():
+                raise CancelledError(f"hashing {path} was cancelled")
             h.update(chunk)
     st = os.stat(path)
     if started - st.st_ctime_ns < _RACY_NS:
@@ -129,6 +136,7 @@ _DISK_ERRNOS = {
     errno.EROFS: "read-only file system",
     errno.EACCES: "permission denied",
     errno.EPERM: "operation not permitted",
+    errno.EFBIG: "file too large",
 }
 # the same errors from code that does not raise OSError (the safetensors writer, in Rust,
 # raises SafetensorError "... No space left on device (os error 28)")
@@ -186,6 +194,10 @@ def disk_error(exc: BaseException, path: Path | str | None = None) -> DiskError 
             free = "free space unknown"
         problem = f"{_DISK_ERRNOS[code]} writing {where} ({free})"
         hint = f"free space on that file system or write somewhere larger, {again}"
+    elif code == errno.EFBIG:  # SIGXFSZ is ignored by Python: a write past `ulimit -f`
+        problem = (f"cannot write {where}: the file would exceed this process's file-size "
+                   "limit (ulimit -f)")
+        hint = f"raise the limit (`ulimit -f unlimited`), {again}"
     elif code == errno.EROFS:
         problem = f"cannot write {where}: it is on a read-only file system"
         hint = f"use a writable folder, {again}"
@@ -293,15 +305,17 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     _fsync_dir(final.parent)
 
 
-def hash_files(paths: list[Path]) -> list[str]:
+def hash_files(paths: list[Path], cancel: threading.Event | None = None) -> list[str]:
     """sha256 of each path, several files at once: hashlib releases the GIL, so checkpoint
-    shards hash in parallel (a 16 GB 8B checkpoint took 16 s on one thread, bench/)."""
+    shards hash in parallel (a 16 GB 8B checkpoint took 16 s on one thread, bench/).
+    `cancel` set: every worker stops within a chunk and CancelledError is raised."""
     if len(paths) < 2:
-        return [sha256_file(p) for p in paths]
+        return [sha256_file(p, cancel) for p in paths]
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=min(16, len(paths), os.cpu_count() or 1)) as pool:
-        return list(pool.map(sha256_file, paths))
+        return list(pool.map(lambda p: sha256_file(p, cancel), paths))
+
 
 
 # A child interpreter that prints one file's sha256: isolated (-I) and without site

@@ -15,21 +15,37 @@ The lock file of a run folder is removed on release, so that a folder whose run 
 nothing can be removed again. Removing a held lock file is safe only because a taker checks,
 after flock succeeds, that the path still names the inode it locked (else it retries on the
 new file): a process that opened the old file before it was unlinked never owns the folder.
+
+The lock file is opened without following a link (O_NOFOLLOW) and must be a regular file:
+a `.lock` planted as a link to another file would otherwise be truncated, as would a FIFO or
+a device. A run folder that is a file, a folder in which no file can be made (/proc), or a
+`.lock` that is a folder, is refused in one line (DiskError) before anything is written.
+Taking a run folder's lock also removes what killed writers left there (`sweep_leftovers`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import re
+import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from quantize.errors import LockedError, compose
+from quantize.errors import DiskError, LockedError, compose
 from quantize.run.files import disk_error
 
 LOCK_NAME = ".lock"
+# What a writer of a run folder leaves only when it was killed: a stage's `.NAME.partial`
+# folder, the `.NAME.old` one a crash caught between atomic_dir's renames (or after its
+# last), the manifest's atomic write `.manifest.json.XXXX.tmp`. None is valid once the
+# folder's lock is taken.
+_LEFTOVER_DIR = re.compile(r"^\.[a-z][a-z0-9_-]*\.(partial|old)$")
+_LEFTOVER_FILE = re.compile(r"^\.manifest\.json\.[^/]+\.tmp$")
 
 
 def private_dir(path: Path) -> None:
@@ -65,7 +81,7 @@ def _take(path: Path, *, wait_s: float,
     deadline = time.monotonic() + wait_s
     waited = False
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = _open_lock(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -94,15 +110,81 @@ def _take(path: Path, *, wait_s: float,
         os.close(fd)  # the file was removed (released) after we opened it: take the new one
 
 
+def _open_lock(path: Path) -> int:
+    """The lock file opened for writing, never through a link; only a regular file."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        if exc.errno in (errno.EISDIR, errno.ELOOP, errno.ENXIO):
+            raise _not_a_lock(path, "a folder" if exc.errno == errno.EISDIR else
+                              "a link" if exc.errno == errno.ELOOP else "a special file"
+                              ) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _not_a_lock(path, "a special file (a FIFO or device)")
+    return fd
+
+
+def _write_pid(fd: int) -> None:
+    """The owner's pid, for messages and people only (a full disk may refuse even that)."""
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+
+
+def _not_a_lock(path: Path, what: str) -> DiskError:
+    problem = f"is {what}, not a lock file"
+    hint = "remove it (no run keeps anything there) and re-run"
+    return DiskError(compose(problem, hint, str(path), None, " "), problem=problem, hint=hint,
+                     path=path)
+
+
 @contextlib.contextmanager
 def _disk_errors(path: Path) -> Iterator[None]:
+    """A refused write as one line: no space, read-only, permission (disk_error), or a folder
+    where no file can be made (a file, /proc, /dev/null)."""
     try:
         yield
     except OSError as exc:
         mapped = disk_error(exc, path)
         if mapped is None:
-            raise
+            where = exc.filename or path
+            problem = (f"cannot create {where} ({exc.strerror or type(exc).__name__}): it is "
+                       "not in a folder files can be written to")
+            hint = "give a folder on a writable file system (--out for a run folder)"
+            raise DiskError(compose(problem, hint), problem=problem, hint=hint,
+                            path=where) from exc
         raise mapped from exc
+
+
+def _check_folder(run_dir: Path) -> None:
+    if run_dir.exists() and not run_dir.is_dir():
+        problem = "is a file, not a folder" if run_dir.is_file() else "is not a folder"
+        hint = "give --out a new folder or a run folder"
+        raise DiskError(compose(problem, hint, str(run_dir), None, " "), problem=problem,
+                        hint=hint, path=run_dir)
+
+
+def sweep_leftovers(folder: Path) -> list[str]:
+    """Remove what killed writers left in the run folder `folder` (called holding its lock):
+    a `.export.old` beside an export that is up to date is never rebuilt, so nothing else
+    would ever remove it. Only in a run folder (it has a manifest.json: `--out ~` never loses
+    a `.something.old` of the user's), only those names. Returns the names removed."""
+    gone: list[str] = []
+    if not (folder / "manifest.json").is_file():
+        return gone
+    with contextlib.suppress(OSError):
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            if entry.is_dir(follow_symlinks=False) and _LEFTOVER_DIR.match(entry.name):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            elif entry.is_file(follow_symlinks=False) and _LEFTOVER_FILE.match(entry.name):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+            else:
+                continue
+            gone.append(entry.name)
+    return gone
 
 
 def _release(fd: int, path: Path, *, remove: bool) -> None:
@@ -122,14 +204,15 @@ def run_lock(run_dir: Path, *, private: bool = False) -> Iterator[None]:
     """
     created = not run_dir.exists()
     path = run_dir / LOCK_NAME
+    _check_folder(run_dir)
     with _disk_errors(run_dir):  # a read-only or full output folder: one line, not a crash
         if private:
             private_dir(run_dir)
         else:
             run_dir.mkdir(parents=True, exist_ok=True)
         fd = _take(path, wait_s=0.0)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _write_pid(fd)
+    sweep_leftovers(run_dir)
     try:
         yield
     finally:
@@ -163,8 +246,7 @@ def entry_lock(path: Path, *, what: str = "writing a cache entry",
                    refused=lambda holder: (f"gave up waiting for {holder} to finish {what} "
                                            f"after {wait_s:.0f} s (lock {path})",
                                            "if it is stuck, stop it and re-run"))
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)  # for the waiters' message only
+    _write_pid(fd)  # for the waiters' message only
     try:
         yield
     finally:

@@ -166,6 +166,42 @@ def _read(path: Path, model: type[M]) -> M:
                           hint="re-run the pipeline into a new folder") from None
 
 
+def check_out_folder(run_dir: Path, model_path: Path) -> None:
+    """The run folder may not be the model folder or inside it: the run's files would become
+    the model's (its manifest.json a model file, so the fingerprint would change every run)."""
+    run, model = Path(run_dir).resolve(), Path(model_path).resolve()
+    if run == model or run.is_relative_to(model):
+        from quantize.errors import QuantizeError
+
+        where = "is the model folder" if run == model else f"is inside the model folder {model}"
+        raise QuantizeError(path=run_dir, path_sep=" ", problem=f"{where}, so the run would "
+                            "write into the model", hint="give --out a folder of its own")
+
+
+def check_same_run(manifest: Manifest, run_dir: Path, recipe: str, source: str,
+                   model_path: Path, *, replace: bool) -> None:
+    """Refuse to turn a run folder of another recipe or model into this run's (its export
+    would be silently replaced), unless `replace` (`--rerun all`). The same model is the same
+    source as typed, or the same folder (`./m` and `/abs/m`; a Hub id whose snapshot moved)."""
+    if replace or manifest.recipe is None:
+        return
+    was = []
+    if manifest.recipe.name != recipe:
+        was.append(f"recipe {manifest.recipe.name!r}")
+    m = manifest.model
+    if m is not None and m.source != source and (
+            not m.path or Path(m.path).resolve() != Path(model_path).resolve()):
+        was.append(f"model {m.source!r}")
+    if was:
+        from quantize.errors import QuantizeError
+
+        raise QuantizeError(
+            path=run_dir, path_sep=" ",
+            problem=f"holds the run of {' and '.join(was)}, which this run of recipe "
+                    f"{recipe!r} on {source!r} would replace",
+            hint="give another --out folder, or pass --rerun all to replace that run")
+
+
 class RunFolder:
     """A run folder: its paths and its manifest. Every command reads runs through this."""
 

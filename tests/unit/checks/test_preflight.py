@@ -289,3 +289,131 @@ def test_a_rotated_recipe_needs_hadacore_on_the_target(monkeypatch: pytest.Monke
     assert any("Hadacore" in w and "gptq-int4" in w
                for w in preflight.check(rotated, llama()).warnings)
     assert not any("Hadacore" in w for w in preflight.check(recipe(), llama()).warnings)
+
+
+# --- #47: the stored tensors against config.json (quantize.checks.tensors) -----------------
+SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "dtype": "float16"}
+
+
+def _weights(tmp_path: Any, cfg: ModelConfig, change: Any = None) -> Any:
+    """A model folder whose safetensors hold zeros of the shapes `cfg`'s meta model has
+    (the tied lm_head left out, as save_pretrained does); `change(state)` edits them."""
+    import torch
+    from safetensors.torch import save_file
+
+    model = preflight.meta_model(cfg)
+    state = {k: torch.zeros(v.shape, dtype=torch.float16) for k, v in model.state_dict().items()
+             if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    if change is not None:
+        change(state)
+    save_file(state, tmp_path / "model.safetensors")
+    return tmp_path
+
+
+def _weights_refused(tmp_path: Any, cfg: ModelConfig, change: Any) -> PreflightError:
+    folder = _weights(tmp_path, cfg, change)
+    with pytest.raises(PreflightError) as info:
+        preflight.check(recipe(), cfg, weights=folder)
+    return info.value
+
+
+def test_weights_that_match_the_config_pass(tmp_path: Any) -> None:
+    cfg = llama(**SMALL)
+    preflight.check(recipe(), cfg, weights=_weights(tmp_path, cfg))
+
+
+def test_a_missing_weight_is_named(tmp_path: Any) -> None:
+    key = "model.layers.1.mlp.down_proj.weight"
+    err = _weights_refused(tmp_path, llama(**SMALL), lambda s: s.pop(key))
+    assert err.path == str(tmp_path)
+    assert err.problem == (f"stores no tensor {key}, which config.json's architecture needs "
+                           "(transformers would initialise it at random)")
+
+
+def test_an_untied_lm_head_must_be_stored(tmp_path: Any) -> None:
+    cfg = llama(**SMALL, tie_word_embeddings=False)
+    err = _weights_refused(tmp_path, cfg, lambda s: s.pop("lm_head.weight"))
+    assert err.problem is not None and err.problem.startswith("stores no tensor lm_head.weight")
+
+
+def test_an_extra_weight_is_named_and_many_are_counted(tmp_path: Any) -> None:
+    import torch
+
+    def add(s: dict[str, Any]) -> None:
+        for i in range(5):
+            s[f"model.layers.{9 + i}.mlp.up_proj.weight"] = torch.zeros(2)
+
+    err = _weights_refused(tmp_path, llama(**SMALL), add)
+    assert err.path == str(tmp_path / "model.safetensors")
+    assert err.problem == ("stores model.layers.10.mlp.up_proj.weight, model.layers.11.mlp."
+                           "up_proj.weight, model.layers.12.mlp.up_proj.weight (and 2 more), "
+                           "which config.json's architecture has no place for (transformers "
+                           "would drop it)")
+
+
+def test_a_shape_config_json_contradicts(tmp_path: Any) -> None:
+    folder = _weights(tmp_path, llama(**SMALL))
+    with pytest.raises(PreflightError) as info:
+        preflight.check(recipe(), llama(**{**SMALL, "intermediate_size": 192}), weights=folder)
+    assert info.value.problem == ("model.layers.0.mlp.down_proj.weight has shape [64, 128] but "
+                                  "config.json makes it [64, 192]")
+
+
+@pytest.mark.parametrize(("dtype", "phrase"), [
+    ("int8", "is stored as I8, but a weight of this model is floating point (config.json "
+             "declares float16)"),
+    ("float8_e4m3fn", "is stored as F8_E4M3, but a weight of this model is floating point "
+                      "(config.json declares float16)"),
+    ("bfloat16", "is stored as BF16, but config.json declares float16 (loading it as float16 "
+                 "would change its values)"),
+])
+def test_a_dtype_config_json_does_not_declare(tmp_path: Any, dtype: str, phrase: str) -> None:
+    import torch
+
+    key = "model.layers.0.self_attn.q_proj.weight"
+    err = _weights_refused(tmp_path, llama(**SMALL), lambda s: s.__setitem__(
+        key, s[key].to(getattr(torch, dtype))))
+    assert err.problem == f"{key} {phrase}"
+
+
+def test_float32_norms_and_a_missing_prefix_load_as_transformers_loads_them(
+        tmp_path: Any) -> None:
+    import torch
+
+    def change(s: dict[str, Any]) -> None:
+        s["model.norm.weight"] = s["model.norm.weight"].to(torch.float32)
+        for k in list(s):  # saved from the base model: no `model.` prefix
+            s[k.removeprefix("model.")] = s.pop(k)
+
+    cfg = llama(**SMALL)
+    preflight.check(recipe(), cfg, weights=_weights(tmp_path, cfg, change))
+
+
+def test_a_quantized_source_and_one_without_tensors(tmp_path: Any) -> None:
+    from quantize.checks.tensors import check_weights
+
+    quantized = llama(**SMALL, quantization_config={"quant_method": "fp8"})
+    folder = _weights(tmp_path, quantized, lambda s: s.pop("model.norm.weight"))
+    check_weights(folder, preflight.meta_model(quantized), quantized)  # left to its engine
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    plain = llama(**SMALL)
+    with pytest.raises(PreflightError) as info:
+        check_weights(empty, preflight.meta_model(plain), plain)
+    assert info.value.problem == "holds no tensors"
+
+
+def test_a_tower_the_causal_lm_lacks_is_left_to_transformers(tmp_path: Any) -> None:
+    """A multimodal checkpoint's vision tower under a root the text model has no tensor in
+    (Llama 4's `vision_model.`) is dropped by transformers by design; a stray tensor under
+    the model's own roots is refused (test_an_extra_weight_is_named_and_many_are_counted)."""
+    import torch
+
+    def add(s: dict[str, Any]) -> None:
+        s["vision_model.patch_embedding.weight"] = torch.zeros(4, 4)
+        s["multi_modal_projector.linear_1.weight"] = torch.zeros(4, 4)
+
+    cfg = llama(**SMALL)
+    preflight.check(recipe(), cfg, weights=_weights(tmp_path, cfg, add))

@@ -29,6 +29,10 @@ CASES = [
     (OSError(errno.EDQUOT, "Disk quota exceeded", "/x/run/a"), "disk quota exceeded"),
     (OSError(errno.EROFS, "Read-only file system", "/ro/run"), "read-only file system"),
     (PermissionError(errno.EACCES, "Permission denied", "/root/run"), "permission denied"),
+    # a write past `ulimit -f` (Python ignores SIGXFSZ: the write fails with EFBIG)
+    (OSError(errno.EFBIG, "File too large", "/x/run/a"), "file-size limit (ulimit -f)"),
+    (RuntimeError("Error while serializing: I/O error: File too large (os error 27)"),
+     "cannot write /given: the file would exceed"),
     # the safetensors writer (Rust) raises its own type with the OS error in the text
     (RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"),
      "no space left on the device writing /given"),

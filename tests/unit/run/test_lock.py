@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from quantize.errors import LockedError
+from quantize.errors import DiskError, LockedError
 from quantize.run.lock import entry_lock, run_lock
 
 _HOLD = textwrap.dedent("""
@@ -98,3 +98,66 @@ def test_entry_lock_serialises_writers(tmp_path: Path) -> None:
     with entry_lock(lock, wait_s=0.2):
         pass
     assert lock.exists()  # a shared cache's lock file stays
+
+
+# --- #47: places a run folder cannot be; a lock file that is not one; killed writers' leftovers
+def _disk_error(run_dir: Path) -> DiskError:
+    with pytest.raises(DiskError) as err, run_lock(run_dir):
+        pass
+    return err.value
+
+
+def test_a_run_folder_that_is_a_file_or_a_device(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("mine")
+    err = _disk_error(tmp_path / "f")
+    assert (err.path, err.problem) == (str(tmp_path / "f"), "is a file, not a folder")
+    assert err.hint is not None and "--out" in err.hint
+    assert (tmp_path / "f").read_text() == "mine"
+    assert _disk_error(Path("/dev/null")).problem == "is not a folder"
+    err = _disk_error(tmp_path / "f" / "run")  # under a file
+    assert err.problem is not None and "(Not a directory)" in err.problem
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_folder_where_no_file_can_be_made() -> None:
+    err = _disk_error(Path("/proc"))
+    assert err.path == "/proc/.lock" or (err.problem and "/proc/.lock" in err.problem)
+
+
+def test_a_lock_that_is_a_folder_a_link_or_a_fifo_is_refused_untouched(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").mkdir()
+    err = _disk_error(run)
+    assert (err.path, err.problem) == (str(run / ".lock"), "is a folder, not a lock file")
+    (run / ".lock").rmdir()
+    victim = tmp_path / "victim"
+    victim.write_text("must stay")
+    (run / ".lock").symlink_to(victim)  # followed, the lock would truncate the victim
+    assert _disk_error(run).problem == "is a link, not a lock file"
+    assert victim.read_text() == "must stay"
+    (run / ".lock").unlink()
+    os.mkfifo(run / ".lock")
+    assert _disk_error(run).problem == "is a special file (a FIFO or device), not a lock file"
+
+
+def test_taking_the_lock_sweeps_what_killed_writers_left(tmp_path: Path) -> None:
+    from quantize.run.lock import sweep_leftovers
+
+    run = tmp_path / "run"
+    for d in (".export.old", ".eval.partial", "export", ".offload"):
+        (run / d).mkdir(parents=True)
+    (run / ".export.old" / "model.safetensors").write_bytes(b"x")
+    (run / ".manifest.json.ab12.tmp").write_text("{")
+    (run / "manifest.json").write_text("{}")
+    with run_lock(run):
+        assert sorted(p.name for p in run.iterdir()) == [".lock", ".offload", "export",
+                                                         "manifest.json"]
+    assert sweep_leftovers(run) == []
+    # not a run folder (no manifest.json): a `.x.old` there is the user's
+    home = tmp_path / "home"
+    (home / ".config.old").mkdir(parents=True)
+    (home / ".manifest.json.ab12.tmp").write_text("theirs")
+    with run_lock(home):
+        pass
+    assert sorted(p.name for p in home.iterdir()) == [".config.old", ".manifest.json.ab12.tmp"]
