@@ -60,7 +60,7 @@ class _Catalog(BaseModel):
 def _read(path: Path) -> list[Gpu]:
     data, lines = load_yaml(read_text(path), str(path))
     try:
-        return _Catalog.model_validate(data).gpus
+        return _Catalog.model_validate(data, strict=True).gpus
     except ValidationError as exc:
         raise validation_error(PlanError, exc, str(path), lines, data) from None
 

@@ -577,3 +577,17 @@ def test_weight_estimate_matches_real_export(name: str, tmp_path: Path) -> None:
     group = resolve_group_size(proxy, targeted_layers(model, proxy.targets, proxy.ignore))
     est = P.estimate_weights(model, 2, P.recipe_layers(model, proxy, group)).total
     assert est == pytest.approx(real, rel=0.02)
+
+
+def test_a_gpu_file_with_a_string_for_a_boolean_is_refused(tmp_path: Path) -> None:
+    """GPU files are as strictly typed as recipes: `fp8: "yes"` is no boolean."""
+    from quantize.planner.gpus import catalog
+
+    f = tmp_path / "gpus.yaml"
+    f.write_text('gpus:\n  - name: my-card\n    memory_gib: 24\n    compute_capability: "8.9"\n'
+                 '    fp8: "yes"\n')
+    with pytest.raises(PlanError) as info:
+        catalog(f)
+    assert "fp8" in str(info.value) and "\n" not in str(info.value)
+    f.write_text(f.read_text().replace('"yes"', "true"))
+    assert catalog(f)["my-card"].fp8 is True
