@@ -3,16 +3,14 @@ empty run folder left by a refused run, and trust_remote_code stated on the mode
 
 from __future__ import annotations
 
-import json
 import stat
 from pathlib import Path
 
 import pytest
-from fixtures.hub.runs import dry, make_run
+from fixtures.hub.runs import dry, make_run, relist
 
 from quantize.model.source import DEFAULT_MODEL, ModelRef
 from quantize.pipeline import from_hub
-from quantize.run.files import hash_tree
 from quantize.run.lock import run_lock
 from tests.fixtures.manifests import read_manifest, write_manifest
 
@@ -57,12 +55,8 @@ def _trust_remote_code(run: Path) -> None:
     export = run / "export"
     recipe = export / "recipe.yaml"
     recipe.write_text(recipe.read_text() + "trust_remote_code: true\n")
-    em = json.loads((export / "manifest.json").read_text())
-    (export / "manifest.json").unlink()
-    em["files"] = hash_tree(export)
-    (export / "manifest.json").write_text(json.dumps(em))
+    relist(run)
     m = read_manifest(run)
-    m["stages"]["export"]["outputs"] = hash_tree(export)
     m["recipe"]["trust_remote_code"] = True
     write_manifest(run, m)
 
