@@ -82,8 +82,8 @@ def _finish(pipe: Any) -> None:
 
         gate = pipe.manifest.result("gate", GateSummary)
         lines = read_failures(pipe.run_dir / "gate") or gate.failures
-        raise GateFailed(problem=f"gate failed, so the run is marked not releasable: "
-                                 f"{'; '.join(lines)}",
+        raise GateFailed(problem=f"gate failed on {', '.join(gate.failures)}, so the run is "
+                                 f"marked not releasable: {'; '.join(lines)}",
                          hint=f"see {pipe.run_dir / 'gate' / 'gate.md'} for details")
 
 
@@ -190,7 +190,7 @@ def _checkpoint_eval(folder: Path, suite: str | None, out: Path | None, req: Any
     if s.gate.verdict != "pass":
         from quantize.stages.gate import read_failures
 
-        raise GateFailed(problem=f"gate failed: "
+        raise GateFailed(problem=f"gate failed: {', '.join(s.gate.failures)}: "
                                  f"{'; '.join(read_failures(dest) or s.gate.failures)}",
                          hint=f"see {dest}/gate.md")
 

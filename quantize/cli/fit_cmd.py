@@ -142,7 +142,8 @@ class FitRun:
         from quantize.pipeline import RunOptions
 
         return RunOptions(recipe=recipe, until=until, model=self.model, out=self.out,
-                          dataset=self.dataset, suite=self.suite, device=self.device)
+                          dataset=self.dataset, suite=self.suite, device=self.device,
+                          shared_folder=True)
 
 
 def _costs(p: object, base_name: str, opts: FitRun,

@@ -109,6 +109,9 @@ class RunOptions:
     eval_engine: Any = None
     # `quantize gate --consumer`: the consumers to judge the export for (None: the recipe's)
     consumers: tuple[str, ...] | None = None
+    # the folder holds one tool's runs of several recipes by design (`quantize fit`: its base
+    # recipe's calibration, then the fitted recipe): no refusal of another recipe's run there
+    shared_folder: bool = False
 
 
 @dataclass
@@ -158,7 +161,8 @@ class Pipeline:
             self.manifest = folder.read()
             # another recipe's or model's run is not replaced unless asked (--rerun all)
             check_same_run(self.manifest, self.run_dir, self.recipe.name, self.model.source,
-                           self.model.path, replace="all" in self.opts.rerun)
+                           self.model.path,
+                           replace="all" in self.opts.rerun or self.opts.shared_folder)
             # the engine installed and willing first (no model built for that)
             backends.check_model(self.recipe, self.model.config)
             # one meta-device model for pre-flight and the memory estimate (no weights read)

@@ -209,7 +209,8 @@ def test_gate_passes_and_fails_with_exit_codes_and_report(
     assert gate["verdict"] == "pass" and json.loads(
         (out / "manifest.json").read_text())["releasable"] is True
     ev = json.loads((out / "eval" / "eval.json").read_text())
-    assert {m["name"] for m in ev["metrics"]} == {"wiki_ppl", "general_knowledge"}
+    assert {m["name"] for m in ev["metrics"]} == {"wiki_ppl", "general_knowledge",
+                                                  "consumer:transformers", "consumer:lm-eval-hf"}
     assert ev["metrics"][0]["n"] > 0 and ev["metrics"][0]["baseline"] > 1
     # an impossible threshold (candidate 50% better than baseline) fails the gate: exit 3,
     # only eval's rules changed, so quantize and export are reused
