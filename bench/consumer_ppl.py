@@ -36,15 +36,22 @@ def _text_ids(tok: Any, name: str) -> list[int]:
 
 
 def _ours(model: Any, ids: list[int]) -> float:
+    """Disjoint windows of SEQ tokens through the model's own forward (as a user's loop would
+    call it: the eval's window_nll splits the LM head off, which a compressed-tensors model
+    loaded without decompression does not support)."""
     import torch
 
-    from quantize.metrics import windows
-    from quantize.model.nll import window_nll
-
-    wins = windows(len(ids), SEQ, SEQ)
+    t = torch.tensor(ids)
+    total, n = 0.0, 0
     with torch.inference_mode():
-        nll = window_nll(model, torch.tensor(ids), wins, 8)
-    return math.exp(sum(nll) / sum(w[2] for w in wins))
+        for begin in range(0, len(ids) - 1, SEQ):
+            w = t[begin:begin + SEQ].unsqueeze(0)
+            if w.shape[1] < 2:
+                break
+            lp = torch.log_softmax(model(w, use_cache=False).logits[0, :-1].float(), dim=-1)
+            total -= float(lp.gather(1, w[0, 1:].unsqueeze(1)).sum())
+            n += w.shape[1] - 1
+    return math.exp(total / n)
 
 
 def _lm_eval(path: Path, tok: Any, ids: list[int]) -> float:
@@ -92,8 +99,11 @@ def main() -> None:
     ap.add_argument("--base", type=Path, required=True, help="the 16-bit model folder")
     ap.add_argument("exports", type=Path, nargs="+")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--base-row", type=Path, default=None,
+                    help="a JSON file holding an earlier measurement of --base (its row)")
     args = ap.parse_args()
-    base = measure(args.base, quantized=False)
+    base = (json.loads(args.base_row.read_text()) if args.base_row
+            else measure(args.base, quantized=False))
     rows = [base]
     for e in args.exports:
         r = measure(e, quantized=True)
