@@ -136,8 +136,6 @@ def check(recipe: Recipe, config: ModelConfig, tp: int = 1, *,
     check_architecture(config)
     if model is None:
         model = build_meta(recipe, config)
-    if weights is not None:
-        check_weights(weights, model, config)
     layers = targeted_layers(model, recipe.targets, recipe.ignore)
     if not layers:
         raise PreflightError(problem=f"targets {recipe.targets} minus ignore {recipe.ignore} "
@@ -162,6 +160,9 @@ def check(recipe: Recipe, config: ModelConfig, tp: int = 1, *,
     check_fused_schemes(schemes)
     warnings = check_tensor_parallel(config, model, schemes, tp)
     check_shapes(schemes, tp, FUSED_GROUPS, ROW_PARALLEL)
+    # the stored tensors last: the recipe-against-config refusals above need no file read
+    if weights is not None:
+        check_weights(weights, model, config)
     if gpu is not None:
         experts = any(type(m).__name__.endswith("Experts") for m in model.modules())
         warnings += gpu_notes(schemes, gpu, experts)

@@ -115,10 +115,11 @@ def test_debug_shows_the_traceback() -> None:
 
 # --- --tp: the tensor-parallel pre-flight checks from the command line ----------------------
 def _config_only_model(folder: Path, **over: object) -> Path:
-    """A model folder whose config.json is all pre-flight reads (weights are a placeholder:
-    the checks build a meta-device model)."""
+    """A model folder for pre-flight: its config.json, and zero tensors of the names and
+    shapes that config makes (pre-flight reads only the safetensors header of them)."""
     import torch
     from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 512,
            "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 4,
@@ -126,7 +127,13 @@ def _config_only_model(folder: Path, **over: object) -> Path:
            "tie_word_embeddings": True, **over}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg))
-    save_file({"x": torch.zeros(1)}, str(folder / "model.safetensors"))
+    config = LlamaConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
+    with torch.device("meta"):
+        shapes = {n: p.shape for n, p in AutoModelForCausalLM.from_config(config)
+                  .state_dict().items()}
+    if cfg["tie_word_embeddings"]:
+        shapes.pop("lm_head.weight", None)
+    save_file({n: torch.zeros(s) for n, s in shapes.items()}, str(folder / "model.safetensors"))
     return folder
 
 
