@@ -62,13 +62,14 @@ class ReferenceLogits:
         self.nll = _nll(lp, self.ids)
         self.positions = lp.shape[0]
         del lp
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def compare(self, name: str, lp: Any, seconds: float) -> MetricRow:
         kl = float(coarse_kl(self.top_ids, self.top_lp, lp).mean())
         top1 = float((lp.argmax(dim=-1) == self.top_ids[:, 0]).float().mean())
         nll = _nll(lp, self.ids)
-        return _row(name, kl, top1, seconds, self.positions, {
+        return _row(name, kl, seconds, self.positions, {
             "kl": round(kl, 6), "top1_agreement": round(top1, 4),
             "ppl": round(math.exp(nll), 4), "reference_ppl": round(math.exp(self.nll), 4)})
 
@@ -78,7 +79,7 @@ def _nll(lp: Any, ids: Any) -> float:
     return float(-lp.gather(1, targets.unsqueeze(1)).mean())
 
 
-def _row(name: str, kl: float, top1: float | None, seconds: float, n: int,
+def _row(name: str, kl: float, seconds: float, n: int,
          settings: dict[str, Any]) -> MetricRow:
     agreement = math.exp(-kl) if math.isfinite(kl) else 0.0
     return MetricRow(name=row_name(name), kind="consumer_agreement",
@@ -95,7 +96,7 @@ def problem(row: MetricRow) -> str:
         return f"{CONSUMERS[consumer].label} cannot load the export: {s['load_error']}"
     return (f"{CONSUMERS[consumer].label} computes another model than the export's reference "
             f"(KL {s['kl']:.3g} nats, top-1 agreement {s['top1_agreement']:.1%}, perplexity "
-            f"{s['ppl']:.4g} vs {s['reference_ppl']:.4g} on 1,022 eval tokens)")
+            f"{s['ppl']:.4g} vs {s['reference_ppl']:.4g} on {row.n:,} eval tokens)")
 
 
 def _hf_forward(model: Any) -> Callable[[Any], Any]:
@@ -109,21 +110,22 @@ def _dtype(device: str) -> Any:
     return torch.float32 if device == "cpu" else "auto"
 
 
-def _transformers(path: Path, device: str, trust: bool) -> Callable[[Any], Any]:
+def _from_pretrained(path: Path, device: str, trust: bool) -> Any:
+    """The plain transformers load a user makes (fp32 on a CPU, for comparing numbers)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(device), device_map=device,
-                                                 trust_remote_code=trust)
-    return _hf_forward(model.eval())
+    return AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(device), device_map=device,
+                                                trust_remote_code=trust)
+
+
+def _transformers(path: Path, device: str, trust: bool) -> Callable[[Any], Any]:
+    return _hf_forward(_from_pretrained(path, device, trust).eval())
 
 
 def _with_transforms(path: Path, device: str, trust: bool) -> Callable[[Any], Any]:
-    from transformers import AutoModelForCausalLM
-
     from quantize.spec.consumers import ATTACH_TRANSFORMS
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(device), device_map=device,
-                                                 trust_remote_code=trust)
+    model = _from_pretrained(path, device, trust)
     exec(ATTACH_TRANSFORMS, {"repo": str(path), "model": model})  # the card's own lines
     return _hf_forward(model.eval())
 
@@ -166,7 +168,7 @@ def check(path: Path, reference: ReferenceLogits, consumers: list[str], device: 
                 forward = LOADERS[name](path, device, trust_remote_code)
                 lp = _logprobs(forward, reference.ids)
         except Exception as exc:  # any failure of the consumer's own loader
-            rows.append(_row(name, math.inf, None, time.perf_counter() - t0,
+            rows.append(_row(name, math.inf, time.perf_counter() - t0,
                              reference.positions, {"load_error": first_line(exc)}))
             continue
         finally:
