@@ -134,6 +134,17 @@ JOBS: dict[str, tuple[str, int, list[str]]] = {
        for name, recipe in (("gptq-a", "gptq-int4"), ("asym", "gptq-int4-asym"),
                             ("asym32", "bench/variants/gptq-asym-imatrix-g32.yaml"),
                             ("gptq-b", "gptq-int4"))},
+    # issue 46: the default recipe with the shared imatrix search against the library's
+    # per-module search and gptq-int4, one call, A B C A
+    **{f"{m}-b-{name}": (m, 90 if m == "8b" else 80,
+                         ["--mode", "pipeline", "--recipe", recipe, "--calib",
+                          C128 if m == "8b" else C32, *extra])
+       for m in ("8b", "moe12")
+       for name, recipe, extra in (("gptq-a", "gptq-int4", []),
+                                   ("asym32", "gptq-int4-asym-g32", []),
+                                   ("asym32-perm", "gptq-int4-asym-g32",
+                                    ["--no-imatrix-batch"]),
+                                   ("gptq-b", "gptq-int4", []))},
 }
 
 

@@ -14,6 +14,7 @@ the ratio of the two is the pipeline's overhead. Both run under the same phase t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -70,6 +71,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-free-gib", type=float, default=None,
                    help="pipeline only: the memory check sees at most this much free GPU "
                         "memory (a smaller card), so it picks its memory-saving placement")
+    p.add_argument("--no-imatrix-batch", action="store_true",
+                   help="pipeline only: the library's per-module imatrix search instead of "
+                        "the shared one (quantize.backends._imatrix_batch), for the A/B")
     p.add_argument("--torch-profile", default=None,
                    help="append torch.profiler tables of a few layer forwards to this file")
     p.add_argument("--no-profile", action="store_true")
@@ -207,6 +211,10 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.init()
         torch.zeros(1, device="cuda")  # context creation stays out of the timing
         torch.cuda.reset_peak_memory_stats()
+    if a.no_imatrix_batch:
+        from quantize.backends import _imatrix_batch
+
+        _imatrix_batch.batched_imatrix = lambda enabled=True: contextlib.nullcontext()
     shutil.rmtree(a.out, ignore_errors=True)
     rss = RssSampler()
     rss.start()
@@ -228,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
         "calib": a.calib, "batch_size": a.batch_size, "offload_device": a.offload_device,
         "load_device": a.load_device or a.device, "tf32": a.tf32, "device": a.device,
         "fast_hessian": a.fast_hessian, "no_mask": a.no_mask, "sdpa": a.sdpa,
-        "gpu_free_gib_cap": a.gpu_free_gib,
+        "gpu_free_gib_cap": a.gpu_free_gib, "imatrix_batch": not a.no_imatrix_batch,
         "profiled": prof is not None, "wall_s": round(wall, 2), **result,
         "gpu_peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda
         else None,

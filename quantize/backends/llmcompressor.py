@@ -237,6 +237,7 @@ def calibrate(model: Any, tokenizer: Any, job: QuantizeJob, samples: list[list[i
 
     from quantize.backends._cpu_fast import shared_hessian
     from quantize.backends._gpu_fast import fast_hessian, sdpa_in_traced_layers
+    from quantize.backends._imatrix_batch import batched_imatrix
 
     recipe = job.recipe
     gpu = job.device != "cpu"
@@ -251,7 +252,8 @@ def calibrate(model: Any, tokenizer: Any, job: QuantizeJob, samples: list[list[i
         kwargs.update(_gpu_speedups(offload=job.placement == "onload+offload"))
     try:
         with contextlib.redirect_stdout(io.StringIO()), fast_hessian(gpu), \
-                shared_hessian(not gpu), sdpa_in_traced_layers(model, gpu):
+                shared_hessian(not gpu), sdpa_in_traced_layers(model, gpu), \
+                batched_imatrix():
             oneshot(model=model, processor=tokenizer,
                     log_dir=str(log_dir), recipe=build_modifiers(recipe, job.group_size, model),
                     **kwargs)
