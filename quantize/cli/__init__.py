@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from quantize.cli import (  # noqa: F401 (registers)
     commands,
+    convert_cmd,
     fit_cmd,
     plan_cmd,
     publish_cmd,

@@ -21,10 +21,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quantize.errors import ModelError
 from quantize.model.config import ModelConfig
+from quantize.model.formats import KNOWN_QUANT_METHODS, NATIVE_METHODS
 from quantize.spec.schemes import SCHEMES, Scheme, kernel_family
 
-NATIVE_METHODS = ("gptq", "awq")
-KNOWN_METHODS = ("compressed-tensors", *NATIVE_METHODS, "fp8")
+# the method names are format facts (quantize.model.formats); re-exported for the readers here
+KNOWN_METHODS = KNOWN_QUANT_METHODS
 
 
 # --- the block as written (third-party JSON): only the keys read here are typed -----------

@@ -16,7 +16,8 @@ TOO_LONG_FOR_NOW: set[str] = set()
 LAYERS: list[tuple[str, ...]] = [
     ("quantize", "quantize.errors", "quantize.progress"),
     ("quantize.spec", "quantize.run", "quantize.model"),  # the foundations
-    ("quantize.vllm", "quantize.checks", "quantize.backends"),  # kernels rules, checks, engines
+    ("quantize.vllm", "quantize.checks", "quantize.backends",
+     "quantize.convert"),  # kernels rules, checks, engines, format converters
     ("quantize.stages", "quantize.metrics", "quantize.planner", "quantize.report",
      "quantize.fit"),
     ("quantize.pipeline",),
