@@ -134,13 +134,17 @@ quality: install
 clean:
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
 
-# GPU benchmarks (bench/README.md): they need an NVIDIA GPU, so this only says how to run them.
+# Benchmarks (bench/README.md): one runner for declarative jobs (bench/jobs/*.yaml), records in
+# bench/results/JOB.jsonl, tables regenerated from them. JOB=name runs one here; GPU jobs print
+# the device command with --gpu-carry.
+JOB ?=
 .PHONY: bench
-bench:
-	@echo "The benchmarks need a CUDA GPU (results from an H200: bench/RESULTS.md). On the GPU machine:"
-	@echo "  python -m bench.run_gpu --plan gptq --out OUTDIR      # pipeline vs plain oneshot, TF32, activations on GPU"
-	@echo "  python -m bench.run_gpu --plan tuning --eval --out OUTDIR   # batch size, CPU loading, 128x2048, packing, eval throughput"
-	@echo "  python -m bench.run_gpu --plan recipes --out OUTDIR   # fp8-dynamic, w8a8-int8, awq-int4"
-	@echo "  python -m bench.report OUTDIR/results.json            # markdown tables"
-	@echo "  python3 -m bench.ddp --out OUTDIR                     # on 2 GPUs: 1 vs 2 GPUs (docs/distributed.md)"
-	@echo "Without a GPU, check the scripts on a toy model: python -m bench.run_gpu --plan smoke --device cpu --preset tiny --out /tmp/bench-smoke"
+bench: install
+ifeq ($(JOB),)
+	$(BIN)/python -m bench list
+	@echo "make bench JOB=<name> runs one here (append ARGS=--gpu-carry for the GPU command); make bench JOB=render rewrites the tables"
+else ifeq ($(JOB),render)
+	$(BIN)/python -m bench render
+else
+	$(BIN)/python -m bench $(JOB) $(ARGS)
+endif

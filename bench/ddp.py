@@ -41,11 +41,11 @@ def log(msg: str) -> None:
 
 
 def child_env(source: str) -> dict[str, str]:
-    """The carried quantize/ snapshot first on the path (what was checked here), as
-    bench.run_gpu does; `--source tree` uses the working tree instead."""
-    from bench.run_gpu import child_env as run_gpu_env
+    """The carried quantize/ snapshot first on the path (what was checked here);
+    `--source tree` uses the working tree instead."""
+    from bench.gpu import child_env as gpu_env
 
-    env = run_gpu_env()
+    env = gpu_env(snapshot=True)
     snapshot = ROOT / ".whl" / "quantize-src"
     if source == "tree":
         env["PYTHONPATH"] = os.pathsep.join(
@@ -246,7 +246,9 @@ def main() -> None:
 
 
 def run(a: argparse.Namespace) -> None:
-    from bench.run_gpu import MODEL_8B, TOKENIZER, environment, sh, write_calib_text
+    from bench.gpu import TOKENIZER, environment, sh, write_calib_text
+
+    MODEL_8B = Path("/tmp/llama31-8b-random")  # the folder earlier sessions used
 
     t_start = time.perf_counter()
     a.out.mkdir(parents=True, exist_ok=True)

@@ -271,7 +271,7 @@ def main() -> None:
                     "model object and dtype; best of the timed repetitions after one warm-up",
         "ours_s": ours["seconds"] if ours else None,
         "lmeval_s": lm["seconds"] if lm else None,
-        "ratio": ratio, "lm_eval_over_quantize": ratio,  # the key bench/latest.py reads
+        "ratio": ratio, "lm_eval_over_quantize": ratio,  # issue 20: results/latest.json
         "ppl_ours": ours["ppl"] if ours else None, "ppl_lmeval": lm["ppl"] if lm else None,
         "ppl_rel_diff": rel,
         # the ratio no loop running the same forward can beat: lm-eval's time over the floor

@@ -1,13 +1,13 @@
 """`make quantize` on the CPU, end to end, with a per-phase profile (issue 33, goals 4 and 6).
 
-Each row is one `quantize run gptq-int4-asym --model default` (what `make quantize` runs) in
+Each row is one `quantize run RECIPE --model default` (what `make quantize` runs) in
 its own process, the CLI called in-process under bench/profiler.py's phase timers plus the
 eval's regions below; its wall time is measured from the parent, process start and imports
 included. Rows run back to back in one command, so a source tree before a change and after it
 see the same machine (another process may share the CPU: compare ratios, not seconds).
 
   python -m bench.make_quantize_cpu --out /tmp/mq --row before=/tmp/base --row after=. \
-      [--cache cold|warm|both] [--model-cache /work/qcache] [--json-out r.json]
+      [--cache cold|warm|both] [--recipe R] [--model-cache /work/qcache] [--json-out r.json]
 
 `--row NAME=SRC` runs the source tree SRC (a checkout or `git archive` of a commit; its
 `quantize` package is imported, this file's profiler is used). `--cache cold`: a fresh model
@@ -80,7 +80,7 @@ def group(phases: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def child(source: str, cache: str, out: str, result: str) -> None:
+def child(source: str, cache: str, out: str, result: str, recipe: str) -> None:
     """One `quantize run` of the default recipe in this process, under the phase timers."""
     sys.path.insert(0, source)
     os.chdir(source)
@@ -107,7 +107,7 @@ def child(source: str, cache: str, out: str, result: str) -> None:
     import_s = time.perf_counter() - t_import
     code = 0
     try:
-        main.main(["run", "gptq-int4-asym", "--model", "default", "--out", out],
+        main.main(["run", recipe, "--model", "default", "--out", out],
                   standalone_mode=False)
     except SystemExit as exc:
         code = int(exc.code or 0)
@@ -131,7 +131,7 @@ def child(source: str, cache: str, out: str, result: str) -> None:
         "calls": rep["calls"], "unpatched": missing}))
 
 
-def run_row(name: str, source: Path, cache: Path, out: Path) -> dict[str, Any]:
+def run_row(name: str, source: Path, cache: Path, out: Path, recipe: str) -> dict[str, Any]:
     result = out / f"{name}.result.json"
     run_dir = out / f"{name}.run"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -140,13 +140,13 @@ def run_row(name: str, source: Path, cache: Path, out: Path) -> dict[str, Any]:
     with open(out / f"{name}.log", "w") as log:
         proc = subprocess.run(
             [sys.executable, "-m", "bench.make_quantize_cpu", "--child", str(source),
-             str(cache), str(run_dir), str(result)],
+             str(cache), str(run_dir), str(result), recipe],
             cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
     wall = time.perf_counter() - t0
     if proc.returncode != 0 or not result.is_file():
         raise SystemExit(f"row {name} failed (exit {proc.returncode}); see {out / name}.log")
     rec = json.loads(result.read_text())
-    rec.update({"row": name, "source": str(source), "wall_s": round(wall, 1)})
+    rec.update({"row": name, "source": str(source), "recipe": recipe, "wall_s": round(wall, 1)})
     return rec
 
 
@@ -163,12 +163,14 @@ def fresh_cache(model_cache: Path, dest: Path) -> Path:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
-        child(*argv[1:5])
+        child(*argv[1:6])
         return
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--row", action="append", required=True, help="NAME=SOURCE_TREE")
     p.add_argument("--cache", choices=("cold", "warm", "both"), default="both")
+    p.add_argument("--recipe", default="gptq-int4-asym-g32",
+                   help="the recipe each row runs (default: make quantize's)")
     p.add_argument("--model-cache", default=os.environ.get("QUANTIZE_CACHE", "/work/qcache"))
     p.add_argument("--out", required=True)
     p.add_argument("--json-out", default=None)
@@ -183,10 +185,10 @@ def main(argv: list[str] | None = None) -> None:
         cache = fresh_cache(Path(a.model_cache), out / f"{name}.cache")
         trees.append((name, Path(src).resolve(), cache))
         if passes == ["warm"]:  # fill the baseline cache first, untimed
-            run_row(f"{name}-fill", Path(src).resolve(), cache, out)
+            run_row(f"{name}-fill", Path(src).resolve(), cache, out, a.recipe)
     for kind in passes:  # the rows alternate within each pass: the same machine state
         for name, src_path, cache in trees:
-            rec = run_row(f"{name}-{kind}", src_path, cache, out)
+            rec = run_row(f"{name}-{kind}", src_path, cache, out, a.recipe)
             rec["cache"] = kind
             rows.append(rec)
             print(json.dumps({k: rec[k] for k in ("row", "wall_s", "stage_s", "groups_s",

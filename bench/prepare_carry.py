@@ -5,7 +5,7 @@
   llm-compressor, compressed-tensors, datasets, loguru or pydantic), about 4 MiB;
 - the default model's tokenizer (the random-weight 8B model borrows it), 3.5 MiB;
 - a snapshot of quantize/ as it is now, so a run measures the code that was checked here even
-  while the working tree changes (bench/run_gpu.py puts it first on PYTHONPATH).
+  while the working tree changes (bench/gpu.py child_env(snapshot=True) puts it first on the path).
 
   python -m bench.prepare_carry          # then: run(..., carry=[".whl"])
 """
