@@ -71,6 +71,23 @@ def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
         isinstance(sub, dict) else cfg
 
 
+_NOT_MODEL_FACTS = ("transformers_version", "_from_model_config", "use_cache",
+                    "output_attentions", "output_hidden_states", "return_dict_in_generate")
+
+
+def _generation(fields: dict[str, Any]) -> dict[str, Any]:
+    """The generation config's information: bookkeeping keys, runtime output flags
+    (`use_cache`, `output_attentions`, ...) and values equal to transformers' own defaults
+    (what a loader gets anyway) are not something a conversion can lose, so they are left
+    out of the comparison."""
+    from transformers import GenerationConfig
+
+    default = GenerationConfig().to_dict()
+    return {k: v for k, v in fields.items()
+            if k not in _NOT_MODEL_FACTS
+            and not (k in default and default[k] == v)}
+
+
 def facts_hf(folder: Path) -> ModelFacts:
     """An HF safetensors folder's facts, from config.json, the headers and tokenizer files."""
     cfg = _json(folder / "config.json")
@@ -83,8 +100,7 @@ def facts_hf(folder: Path) -> ModelFacts:
     configured = text.get("num_nextn_predict_layers") or text.get("mtp_num_layers") or 0
     tie = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))
     tied = bool(tie) if tie is not None else "lm_head.weight" not in names
-    gen = {k: v for k, v in _json(folder / "generation_config.json").items()
-           if k != "transformers_version"}
+    gen = _generation(_json(folder / "generation_config.json"))
     special = {k: text.get(k, cfg.get(k)) for k in _SPECIAL}
     vocab = text.get("vocab_size")
     return ModelFacts(tensor_names=names, tied_embeddings=tied,

@@ -17,6 +17,10 @@ from quantize.convert.gguf_names import read_gguf
 from quantize.convert.gguf_out import hf_to_gguf
 from quantize.errors import ModelError
 
+# the GGUF fixtures read a real tokenizer and write two GGUFs (~20 CPU s of setup on 2
+# cores): past the fast tier's limit, so these run in `make test`
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def tiny(default_tokenizer: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -80,3 +80,14 @@ def test_side_tensors_fold_into_their_weight() -> None:
     assert weight_name("a.weight_packed") == "a.weight"
     assert weight_name("a.weight_scale_inv") is None
     assert weight_name("a.weight") == "a.weight"
+
+
+def test_generation_config_defaults_are_not_information(bf16_dir: Path, tmp_path: Path) -> None:
+    """GGUF holds token ids, not transformers' bookkeeping: `_from_model_config` and values
+    equal to GenerationConfig's defaults are left out; a real sampling setting stays."""
+    folder = tmp_path / "m"
+    shutil.copytree(bf16_dir, folder)
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"_from_model_config": True, "use_cache": True, "bos_token_id": 1,
+         "temperature": 0.2, "transformers_version": "5.17.0"}))
+    assert facts_hf(folder).generation == {"bos_token_id": 1, "temperature": 0.2}
