@@ -27,7 +27,11 @@ def _needs_conversion(spec: str | None) -> Path | None:
     if path.is_file() and path.suffix == ".gguf":
         return path
     if path.is_dir() and any(path.glob("*.safetensors")) and (path / "config.json").is_file():
-        qc = json.loads((path / "config.json").read_text()).get("quantization_config")
+        try:
+            cfg = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):  # resolve_model names a bad config.json in one line
+            return None
+        qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
         if isinstance(qc, dict) and qc.get("quant_method") == "fp8":
             return path
     if path.is_dir() and not any(path.glob("*.safetensors")) and \
