@@ -7,9 +7,7 @@ report left in the work folder."""
 from __future__ import annotations
 
 import importlib
-import os
 import resource
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -254,13 +252,7 @@ def _promote(work: Path, out: Path) -> None:
     """The finished work folder becomes `out` by one rename (an old `out` moves aside first
     and is removed after)."""
     from quantize.convert.stream import finished
+    from quantize.run.files import replace_dir
 
     finished(work)
-    if out.exists():
-        old = out.parent / f".{out.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-        os.replace(work, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(work, out)
+    replace_dir(work, out)

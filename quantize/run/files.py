@@ -294,6 +294,12 @@ def atomic_dir(final: Path) -> Iterator[Path]:
             if mapped is not None:
                 raise mapped from exc
         raise
+    replace_dir(tmp, final)
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """`tmp` becomes `final` by one rename; an existing `final` moves aside first and is
+    removed after, so a reader sees the old folder or the new one, never a mix."""
     if final.exists():
         old = final.parent / f".{final.name}.old"
         shutil.rmtree(old, ignore_errors=True)
