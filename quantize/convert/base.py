@@ -99,6 +99,20 @@ def passthrough(name: str, tensor: torch.Tensor, dtype: torch.dtype | None) -> C
     return Converted({name: out}, {name: name}, [check])
 
 
+class DenseTarget:
+    """What the converters to plain float weights share: the source they read, the output
+    dtype (its name for the config, its torch dtype for the tensors) and the config.json a
+    dense checkpoint gets (`dense_config`)."""
+
+    def __init__(self, detected: Any, dtype: str) -> None:
+        self.detected = detected
+        self.dtype_name = dtype
+        self.dtype = FLOAT_DTYPES[dtype]
+
+    def config(self, config: dict[str, Any]) -> dict[str, Any]:
+        return dense_config(config, self.dtype_name)
+
+
 def dense_config(config: dict[str, Any], dtype: str) -> dict[str, Any]:
     """config.json of a dense output: the quantization block removed, the dtype set (both
     spellings, as transformers 4.x and 5.x write it)."""

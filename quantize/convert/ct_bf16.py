@@ -9,11 +9,10 @@ a dense checkpoint and are listed as dropped with that reason."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
-from quantize.convert.base import FLOAT_DTYPES, Converted, compare, dense_config, passthrough
+from quantize.convert.base import Converted, DenseTarget, compare, passthrough
 from quantize.convert.shards import TensorGroup
 from quantize.errors import ModelError, first_line
 from quantize.model.formats import Detected
@@ -24,7 +23,7 @@ ACTIVATION_SCALES = ("input_scale", "input_global_scale", "input_zero_point", "o
 DROPPED_REASON = "activation / KV-cache scale: a dense checkpoint has no use for it"
 
 
-class CompressedToDense:
+class CompressedToDense(DenseTarget):
     name = "compressed-tensors -> dense"
 
     def __init__(self, detected: Detected, dtype: str) -> None:
@@ -32,9 +31,7 @@ class CompressedToDense:
             CompressedTensorsDequantizer,
         )
 
-        self.detected = detected
-        self.dtype_name = dtype
-        self.dtype = FLOAT_DTYPES[dtype]
+        super().__init__(detected, dtype)
         try:
             self.lib = CompressedTensorsDequantizer(detected.path, dtype=self.dtype)
             self.ref = CompressedTensorsDequantizer(detected.path, dtype=torch.float32)
@@ -97,9 +94,6 @@ class CompressedToDense:
         mapped = {n: weight for n in tensors}
         return Converted({weight: out[weight]}, mapped,
                          [compare(primary, weight, ref[weight], out[weight])], dropped)
-
-    def config(self, config: dict[str, Any]) -> dict[str, Any]:
-        return dense_config(config, self.dtype_name)
 
     def notes(self) -> list[str]:
         return [f"compressed-tensors ({self.detected.detail}) decompressed module by module "

@@ -10,17 +10,10 @@ are carried like every other one."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
-from quantize.convert.base import (
-    Converted,
-    RunningCompare,
-    compare,
-    dense_config,
-    passthrough,
-)
+from quantize.convert.base import Converted, DenseTarget, RunningCompare, compare, passthrough
 from quantize.convert.produced import TensorCheck
 from quantize.convert.shards import TensorGroup
 from quantize.errors import ModelError
@@ -65,7 +58,7 @@ def reference(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, i
     return weight.to(torch.float32) * s[:rows, :cols]
 
 
-class Fp8BlockToDense:
+class Fp8BlockToDense(DenseTarget):
     name = "fp8-block -> dense"
 
     def __init__(self, detected: Detected, dtype: str) -> None:
@@ -73,11 +66,7 @@ class Fp8BlockToDense:
             FP8BlockDequantizer,
         )
 
-        from quantize.convert.base import FLOAT_DTYPES
-
-        self.detected = detected
-        self.dtype_name = dtype
-        self.dtype = FLOAT_DTYPES[dtype]
+        super().__init__(detected, dtype)
         self.block = block_size(detected)
         # targets "re:.*": every module whose weight has a scale (it only sees such groups)
         self.lib = FP8BlockDequantizer(targets=["re:.*"], weight_block_size=self.block,
@@ -136,9 +125,6 @@ class Fp8BlockToDense:
             rows = slice(r0, r0 + bh)
             running.add(reference(weight[rows], scale_inv[i:i + 1], self.block), out[rows])
         return running.result()
-
-    def config(self, config: dict[str, Any]) -> dict[str, Any]:
-        return dense_config(config, self.dtype_name)
 
     def notes(self) -> list[str]:
         return [f"fp8 weights x weight_scale_inv over {self.block[0]}x{self.block[1]} blocks "

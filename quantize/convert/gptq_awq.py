@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from quantize.convert.base import Converted, compare, passthrough
+from quantize.convert.base import Converted, DenseTarget, compare, passthrough
 from quantize.convert.shards import TensorGroup
 from quantize.errors import ModelError
 from quantize.model.formats import CT_PACKED, Detected, Format
@@ -269,7 +269,7 @@ def make(detected: Detected) -> GptqToCT | AwqToCT:
     return GptqToCT(detected) if detected.format is Format.GPTQ else AwqToCT(detected)
 
 
-class NativeToDense:
+class NativeToDense(DenseTarget):
     """GPTQ / AWQ -> dense float weights, each module dequantized by the source format's own
     formula (GPTQ: (code - zero[g_idx]) * scale[g_idx], act-order included; AWQ: AutoAWQ's
     `dequantize_gemm`). The check compares against the float32 value before the cast."""
@@ -277,12 +277,8 @@ class NativeToDense:
     name = "native -> dense"
 
     def __init__(self, detected: Detected, dtype: str) -> None:
-        from quantize.convert.base import FLOAT_DTYPES
-
+        super().__init__(detected, dtype)
         self.shared = _NativeToCT(detected)
-        self.detected = detected
-        self.dtype_name = dtype
-        self.dtype = FLOAT_DTYPES[dtype]
         qc = detected.quant_config or {}
         self.v1 = str(qc.get("checkpoint_format") or "gptq") == "gptq"
 
@@ -320,11 +316,6 @@ class NativeToDense:
         out = ref.to(self.dtype)
         return Converted({f"{m}.weight": out}, {n: f"{m}.weight" for n in tensors},
                          [compare(primary, f"{m}.weight", ref, out)])
-
-    def config(self, config: dict[str, Any]) -> dict[str, Any]:
-        from quantize.convert.base import dense_config
-
-        return dense_config(config, self.dtype_name)
 
     def notes(self) -> list[str]:
         return [f"{self.detected.format.value} modules dequantized to {self.dtype_name}; "
