@@ -27,7 +27,7 @@ import torch
 
 from quantize.metrics import perplexity
 from quantize.model.source import resolve_model
-from quantize.spec.recipe import load_suite
+from quantize.recipe.recipe import load_suite
 
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -93,7 +93,7 @@ def capture_scores(store: dict[str, Any]) -> None:
 
 def run_variant(name: str, out: Path, scores: dict[str, Any]) -> dict[str, Any]:
     from quantize.pipeline import RunOptions, run
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
 
     path = recipe_path(name)
     recipe = load_recipe(path)
@@ -186,7 +186,7 @@ def profile(names: list[str], layers: int) -> list[dict[str, Any]]:
     from quantize.backends._awq_search import SubsetSearchAWQModifier
     from quantize.backends.llmcompressor import build_modifiers, prepare_engine
     from quantize.model.source import default_model_dir
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
 
     prepare_engine()
     spent = {"search_forward_s": 0.0, "search_forward_calls": 0}

@@ -29,7 +29,7 @@ SEQ = 1024
 
 
 def _text_ids(tok: Any, name: str) -> list[int]:
-    from quantize.spec.texts import BUILTIN_EVAL_TEXT
+    from quantize.recipe.texts import BUILTIN_EVAL_TEXT
 
     text = BUILTIN_EVAL_TEXT[name].read_text(encoding="utf-8")
     return list(tok(text, add_special_tokens=False)["input_ids"][:TOKENS])

@@ -63,7 +63,7 @@ def child(a: argparse.Namespace) -> None:
     from quantize.backends import QuantizeJob, resolve_batch_size
     from quantize.backends import llmcompressor as llmc
     from quantize.backends.distributed import shares
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
 
     recipe = load_recipe(RECIPE)
     samples = json.loads(Path(a.samples).read_text())
@@ -111,7 +111,7 @@ def child(a: argparse.Namespace) -> None:
 def calibration(calib: str, model: Path) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
     from quantize.stages import calibrate
 
     spec, base = calibrate.resolve_spec(load_recipe(RECIPE), calib)
@@ -160,7 +160,7 @@ def quality(model: Path, exports: dict[str, Path], device: str, n: int = 4,
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, CompressedTensorsConfig
 
-    from quantize.spec.texts import BUILTIN_TEXT
+    from quantize.recipe.texts import BUILTIN_TEXT
 
     tok = AutoTokenizer.from_pretrained(model)
     ids = tok(BUILTIN_TEXT["wiki-eval"].read_text(encoding="utf-8"))["input_ids"][:n * seq]

@@ -123,7 +123,7 @@ class Paths:
         self.model, self.tok, self.text, self.a = model, tok, text, a
         self.lm = HFLM(pretrained=model, tokenizer=tok, batch_size=a.batch,
                        max_length=a.seq_len, device=a.device)
-        from quantize.spec.recipe import parse_metric
+        from quantize.recipe.recipe import parse_metric
 
         self.spec = parse_metric(dict(name="ppl", kind="perplexity", direction="lower_is_better",
                                       threshold=0.5, path=str(text_path), max_tokens=a.tokens,

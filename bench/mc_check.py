@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json-out", default=None)
     a = p.parse_args(argv)
     from quantize.model.source import resolve_model
-    from quantize.spec.recipe import load_suite
+    from quantize.recipe.recipe import load_suite
 
     suite = load_suite(a.suite)
     base = resolve_model("default").path

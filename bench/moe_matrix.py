@@ -43,7 +43,7 @@ def planned_bytes(model_dir: Path, recipe_name: str, export: Path) -> int | None
     size the export used."""
     from quantize.model.config import model_shape, read_config
     from quantize.planner.weights import estimate_weights, meta, recipe_layers
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
 
     config = read_config(model_dir)
     recipe = load_recipe(recipe_name)
@@ -269,7 +269,7 @@ def main() -> None:
 
     from fixtures.moe import ARCHS, build_moe
 
-    from quantize.spec.recipe import available
+    from quantize.recipe.recipe import available
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, required=True)

@@ -43,7 +43,7 @@ def recipe_of(row: dict[str, Any]) -> str | None:
 def predict(row: dict[str, Any], profile: str, gpu: str = "h200") -> dict[str, Any]:
     from quantize.planner.gpus import find as find_gpu
     from quantize.planner.memory import predict as plan
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
 
     eng = row["engine"]
     arch = "moe" if "moe" in row["label"] else "8b"

@@ -79,7 +79,7 @@ def run(model_path: Path, calibration: Path, name: str) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from quantize.backends.llmcompressor import build_modifiers
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
 
     group, rot = VARIANTS[name]
     tok = AutoTokenizer.from_pretrained(model_path)

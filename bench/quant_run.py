@@ -123,7 +123,7 @@ def calibration_samples(recipe_name: str, calib: str, model: str) -> list[list[i
     """The same tokens the pipeline's calibrate stage makes (same spec, seed and packing)."""
     from transformers import AutoTokenizer
 
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
     from quantize.stages import calibrate
 
     spec, base = calibrate.resolve_spec(load_recipe(recipe_name), calib)
@@ -141,7 +141,7 @@ def run_oneshot(a: argparse.Namespace, prof: profiler.Prof | None) -> dict[str, 
     from quantize.backends.llmcompressor import SHARD_SIZE, build_modifiers, prepare_engine
     from quantize.checks.preflight import check
     from quantize.model.config import read_config, torch_dtype
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
     from quantize.stages.calibrate import fingerprint
 
     prepare_engine()

@@ -38,7 +38,7 @@ def ppl(model: Any, tokenizer: Any, text_name: str = "wiki-eval") -> tuple[float
 
     from quantize.metrics import windows
     from quantize.model.nll import window_nll
-    from quantize.spec.texts import BUILTIN_EVAL_TEXT
+    from quantize.recipe.texts import BUILTIN_EVAL_TEXT
 
     text = Path(BUILTIN_EVAL_TEXT[text_name]).read_text()
     ids = torch.tensor(tokenizer(text)["input_ids"][:16384])
@@ -57,7 +57,7 @@ def run(model_path: Path, calibration: Path, name: str, quip: dict[str, Any] | N
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from quantize.backends.llmcompressor import build_modifiers
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
 
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)

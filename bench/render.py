@@ -161,18 +161,10 @@ def make_quantize(results: Path) -> list[str]:
 
 
 def _recipe_module() -> Any:
-    """The registry's module (quantize/spec/ is being renamed: take either home)."""
+    """The recipe registry (quantize/recipe/recipe.py), imported when a table needs it."""
     import importlib
 
-    for name in ("quantize.recipe.recipe", "quantize.recipe", "quantize.recipes",
-                 "quantize.spec.recipe"):
-        try:
-            mod = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(mod, "available") and hasattr(mod, "load_recipe"):
-            return mod
-    raise SystemExit("no recipe registry found (a module with available() and load_recipe())")
+    return importlib.import_module("quantize.recipe.recipe")
 
 
 def recipes(results: Path) -> list[str]:

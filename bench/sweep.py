@@ -101,7 +101,7 @@ def main() -> None:
         fp32_on_gpu()
     from quantize.errors import QuantizeError
     from quantize.pipeline import RunOptions, run
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
 
     args.out.mkdir(parents=True, exist_ok=True)
     result_path = args.out / "sweep.json"

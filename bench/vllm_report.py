@@ -90,7 +90,7 @@ def _kv_at(export: str, card: str) -> int:
     from bench.plan_check import MODELS, RECIPES
     from quantize.planner.gpus import find
     from quantize.planner.memory import predict
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
 
     name = RECIPES.get(export.removesuffix("-marlin"))
     kv_fp8 = export == "fp8-kv"

@@ -95,8 +95,8 @@ def check(model: Path, label: str, work: Path, suite: Path, device: str = "cuda"
     from transformers import AutoTokenizer
 
     from quantize import metrics
+    from quantize.recipe.recipe import load_suite
     from quantize.report import answers as qa
-    from quantize.spec.recipe import load_suite
 
     spec = next(m for m in load_suite(str(suite)).metrics if m.kind == "perplexity")
     tok = AutoTokenizer.from_pretrained(model)

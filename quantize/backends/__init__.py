@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from quantize.errors import BackendUnavailable, RecipeError
 from quantize.model.config import ModelConfig
-from quantize.spec.recipe import Recipe
+from quantize.recipe.recipe import Recipe
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ class Backend(Protocol):
 
 
 def get_backend(name: str) -> Backend:
-    """The engine's module, imported now (engines are listed in quantize.spec.engines)."""
-    from quantize.spec.engines import ENGINES
+    """The engine's module, imported now (engines are listed in quantize.recipe.engines)."""
+    from quantize.recipe.engines import ENGINES
 
     if name not in ENGINES:
         raise BackendUnavailable(problem=f"unknown backend {name!r}",
@@ -90,7 +90,7 @@ def check_model(recipe: Recipe, config: ModelConfig) -> None:
     only when the method is used)."""
     import importlib.util
 
-    from quantize.spec.methods import METHODS
+    from quantize.recipe.methods import METHODS
 
     method = METHODS[recipe.method]
     if method.requires and importlib.util.find_spec(method.requires[0]) is None:

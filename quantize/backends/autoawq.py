@@ -28,9 +28,9 @@ from quantize.backends._native import (
 )
 from quantize.errors import NotImplementedFeature
 from quantize.model.config import ModelConfig, read_config
-from quantize.spec.options import AWQOptions
-from quantize.spec.recipe import Recipe
-from quantize.spec.schemes import SCHEMES
+from quantize.recipe.options import AWQOptions
+from quantize.recipe.recipe import Recipe
+from quantize.recipe.schemes import SCHEMES
 
 for _mod in ("awq", "gptqmodel", "optimum"):
     if importlib.util.find_spec(_mod) is None:

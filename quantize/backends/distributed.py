@@ -29,7 +29,7 @@ from typing import Any
 
 from quantize.backends import QuantizeJob
 from quantize.errors import NotImplementedFeature, QuantizationError, QuantizeError
-from quantize.spec.recipe import Recipe
+from quantize.recipe.recipe import Recipe
 
 # Which recipes llm-compressor 0.14.0.1 calibrates data-parallel, per device, and why not.
 # GPU (NCCL): GPTQModifier (weight-parallel solve, modifiers/gptq/base.py compress_modules),

@@ -24,9 +24,9 @@ from quantize.backends._native import (
 )
 from quantize.errors import NotImplementedFeature
 from quantize.model.config import ModelConfig
-from quantize.spec.options import GPTQOptions
-from quantize.spec.recipe import Recipe
-from quantize.spec.schemes import SCHEMES
+from quantize.recipe.options import GPTQOptions
+from quantize.recipe.recipe import Recipe
+from quantize.recipe.schemes import SCHEMES
 
 # Fail at get_backend() (with "install with pip install -e .[gptqmodel]"), not mid-run.
 for _mod in ("gptqmodel", "optimum"):

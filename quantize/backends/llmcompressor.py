@@ -16,9 +16,9 @@ from quantize.backends import QuantizeJob
 from quantize.checks.preflight import override_group_size  # the one rule pre-flight checks too
 from quantize.errors import QuantizationError, first_line
 from quantize.model.config import ModelConfig, read_config, torch_dtype
-from quantize.spec.options import AutoRoundOptions, AWQOptions, GPTQOptions
-from quantize.spec.recipe import Recipe
-from quantize.spec.schemes import SCHEMES
+from quantize.recipe.options import AutoRoundOptions, AWQOptions, GPTQOptions
+from quantize.recipe.recipe import Recipe
+from quantize.recipe.schemes import SCHEMES
 
 if TYPE_CHECKING:
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
@@ -109,7 +109,7 @@ def _autoround(recipe: Recipe, common: QuantizerArgs, model: Any) -> list[Any]:
 
 
 ModifierBuilder = Callable[[Recipe, QuantizerArgs, Any], list[Any]]
-# One entry per method of quantize.spec.methods.METHODS: the llm-compressor modifiers it is
+# One entry per method of quantize.recipe.methods.METHODS: the llm-compressor modifiers it is
 # (`model` lets AWQ take mappings the library gets wrong for it: _llmc_compat.awq_mappings)
 MODIFIERS: dict[str, ModifierBuilder] = {
     "gptq": _gptq,

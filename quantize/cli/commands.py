@@ -9,8 +9,8 @@ import click
 
 from quantize.cli.app import handle_errors, main
 from quantize.pipeline.stages import PIPELINE, names
-from quantize.spec.consumers import CONSUMERS
-from quantize.spec.recipe import DEFAULT_RECIPE
+from quantize.recipe.consumers import CONSUMERS
+from quantize.recipe.recipe import DEFAULT_RECIPE
 
 # Only checked, never used to quantize: the export is the same for every tp, but vLLM shards
 # it, so a tp the model's shapes cannot take is caught before calibration.
@@ -211,7 +211,7 @@ def gate_cmd(run_dir: Path, suite: str | None, consumers: tuple[str, ...]) -> No
 @handle_errors
 def recipes_cmd() -> None:
     """List the shipped recipes with one-line descriptions."""
-    from quantize.spec.recipe import available, load_recipe
+    from quantize.recipe.recipe import available, load_recipe
 
     names = available("recipes")
     width = max((len(n) for n in names), default=0)
@@ -236,7 +236,7 @@ def validate_cmd(recipe: str, model: str | None, no_model: bool, tp: int,
     pre-flight checks against the model (default model unless --no-model)."""
     from quantize.checks import preflight
     from quantize.model.source import check_architecture, resolve_model
-    from quantize.spec.recipe import apply_thresholds, load_recipe, load_suite
+    from quantize.recipe.recipe import apply_thresholds, load_recipe, load_suite
     from quantize.stages.calibrate import resolve_spec
 
     r = load_recipe(recipe)

@@ -13,7 +13,7 @@ import click
 
 from quantize.cli.app import handle_errors, main
 from quantize.cli.plan_cmd import GPUS, SEQS, TOKENS
-from quantize.spec.recipe import DEFAULT_RECIPE
+from quantize.recipe.recipe import DEFAULT_RECIPE
 
 if TYPE_CHECKING:
     from quantize.pipeline import RunOptions
@@ -75,7 +75,7 @@ def fit_cmd(model: str, gpu_name: str | None, gpus: int, context: int, concurren
     from quantize.fit.budget import Serving
     from quantize.planner.gpus import find
     from quantize.progress import info
-    from quantize.spec.recipe import load_recipe, suite_for
+    from quantize.recipe.recipe import load_recipe, suite_for
 
     base = load_recipe(base_name)
     if not dry_run:

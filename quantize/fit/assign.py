@@ -17,7 +17,7 @@ from quantize.fit.units import Units, build_units, check_bits
 from quantize.model.config import Shape, model_shape
 from quantize.planner.sources import ModelSource, load_source
 from quantize.planner.weights import meta
-from quantize.spec.recipe import Recipe
+from quantize.recipe.recipe import Recipe
 
 
 @dataclass

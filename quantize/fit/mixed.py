@@ -26,9 +26,9 @@ from quantize.model.config import model_shape
 from quantize.planner.sources import load_source
 from quantize.planner.weights import meta
 from quantize.progress import info
+from quantize.recipe.recipe import Recipe
+from quantize.recipe.schemes import SCHEMES
 from quantize.run.results import MixedSummary
-from quantize.spec.recipe import Recipe
-from quantize.spec.schemes import SCHEMES
 
 HIGH_BITS = 8
 

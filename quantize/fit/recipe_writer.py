@@ -12,11 +12,11 @@ from pathlib import Path
 
 import yaml
 
-from quantize.checks.preflight import experts_module
 from quantize.fit.assign import Assignment, Problem
 from quantize.fit.units import HIGH_SCHEME, Unit
+from quantize.model.layers import experts_module
+from quantize.recipe.recipe import Override, Recipe, load_recipe
 from quantize.run.files import atomic_write_text
-from quantize.spec.recipe import Override, Recipe, load_recipe
 
 
 def _targets(unit: Unit) -> list[str]:

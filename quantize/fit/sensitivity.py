@@ -57,7 +57,7 @@ def _args(scheme: str, group: int | None, observer: str | None = None) -> Any:
     """The compressed-tensors QuantizationArgs of a scheme's weights at `group`."""
     from compressed_tensors.quantization import QuantizationArgs
 
-    from quantize.spec.schemes import SCHEMES
+    from quantize.recipe.schemes import SCHEMES
 
     info_ = SCHEMES[scheme]
     strategy = {"strategy": "group", "group_size": group} if group else {"strategy": "channel"}

@@ -12,16 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from quantize.checks.preflight import (
-    FUSED_GROUPS,
+from quantize.model.layers import (
     experts_module,
     override_group_size,
     resolve_group_size,
     targeted_layers,
 )
 from quantize.planner.weights import LayerPlan, estimate_weights, format_for, linear_bytes
-from quantize.spec.recipe import Override, Recipe
-from quantize.spec.schemes import SCHEMES, SchemeName
+from quantize.recipe.recipe import Override, Recipe
+from quantize.recipe.schemes import SCHEMES, SchemeName
+from quantize.vllm.layers import FUSED_GROUPS
 
 HIGH_SCHEME: SchemeName = "W8A16"  # the 8-bit choice: weight-only INT8, same group size
 

@@ -13,15 +13,15 @@ from typing import Any, TypedDict
 
 from quantize.errors import EvalError, first_line
 from quantize.model.nll import window_nll
-from quantize.run.results import Score, Settings
-from quantize.spec.metric_kinds import (
+from quantize.recipe.metric_kinds import (
     LongPerplexitySpec,
     MultipleChoiceSpec,
     PerplexitySpec,
     TextMetric,
 )
-from quantize.spec.paths import DATA_DIR
-from quantize.spec.texts import BUILTIN_EVAL_TEXT, hub_texts
+from quantize.recipe.paths import DATA_DIR
+from quantize.recipe.texts import BUILTIN_EVAL_TEXT, hub_texts
+from quantize.run.results import Score, Settings
 
 # one table of shipped texts; `novel`: a whole novel, for long-context windows (data/README.md)
 BIGBENCH_DIR = DATA_DIR / "bigbench"

@@ -1,7 +1,7 @@
 """Consumer agreement: the export loaded the way each consumer loads it (plain transformers
 `from_pretrained`, lm-eval's `hf` model, transformers plus the card's transform snippet),
 its next-token distributions compared with the project's reference decode on the same token
-windows. The consumers and the agreement they must show: quantize/spec/consumers.py.
+windows. The consumers and the agreement they must show: quantize/recipe/consumers.py.
 
 The reference is the model the eval scores (quantize.model.decode's dequantized load, online
 transforms attached): its top-k log-probabilities at each position are kept, each consumer's
@@ -21,9 +21,9 @@ from typing import Any
 
 from quantize.errors import first_line
 from quantize.metrics.divergence import coarse_kl
+from quantize.recipe.consumers import CONSUMERS, MAX_KL, row_name
+from quantize.recipe.texts import BUILTIN_EVAL_TEXT
 from quantize.run.results import MetricRow
-from quantize.spec.consumers import CONSUMERS, MAX_KL, row_name
-from quantize.spec.texts import BUILTIN_EVAL_TEXT
 
 # Two windows of 512 tokens of the eval text: 1,022 scored positions, a few seconds a consumer
 # on the default model's CPU path.
@@ -123,7 +123,7 @@ def _transformers(path: Path, device: str, trust: bool) -> Callable[[Any], Any]:
 
 
 def _with_transforms(path: Path, device: str, trust: bool) -> Callable[[Any], Any]:
-    from quantize.spec.consumers import ATTACH_TRANSFORMS
+    from quantize.recipe.consumers import ATTACH_TRANSFORMS
 
     model = _from_pretrained(path, device, trust)
     exec(ATTACH_TRANSFORMS, {"repo": str(path), "model": model})  # the card's own lines

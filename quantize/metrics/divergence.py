@@ -1,5 +1,5 @@
 """How far the candidate's outputs moved from the baseline's, measured on the pair (the
-divergence kinds of quantize/spec/metric_kinds.py).
+divergence kinds of quantize/recipe/metric_kinds.py).
 
 - **kl_divergence**: on the same token windows as perplexity, the baseline keeps its top_k
   next-token log-probabilities at each scored position (its `Reference`, stored with its
@@ -24,8 +24,8 @@ import time
 from typing import Any
 
 from quantize.errors import EvalError
+from quantize.recipe.metric_kinds import KLDivergenceSpec
 from quantize.run.results import Reference, Score, Settings
-from quantize.spec.metric_kinds import KLDivergenceSpec
 
 Window = tuple[int, int, int]  # (begin, end, n_scored), as quantize.metrics.windows
 

@@ -1,4 +1,4 @@
-"""THE scorer of each metric kind (the kinds themselves: quantize/spec/metric_kinds.py): how
+"""THE scorer of each metric kind (the kinds themselves: quantize/recipe/metric_kinds.py): how
 the hf engine scores it on a loaded model, which of the vLLM engine's two paths scores it
 (prompt log-probabilities over token windows, or lm-eval's choices), and how a baseline and a
 candidate score become the eval row's paired values. The eval stage and the vLLM engine look
@@ -11,15 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from quantize.run.results import Score, Scores, Settings
-from quantize.spec.metric_kinds import (
+from quantize.recipe.metric_kinds import (
     AnswerFlipsSpec,
     KLDivergenceSpec,
     MultipleChoiceSpec,
     TextMetric,
     paired_se,
 )
-from quantize.spec.recipe import EvalSuite, MetricSpec
+from quantize.recipe.recipe import EvalSuite, MetricSpec
+from quantize.run.results import Score, Scores, Settings
 
 
 @dataclass

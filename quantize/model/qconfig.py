@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from quantize.errors import ModelError
 from quantize.model.config import ModelConfig
 from quantize.model.formats import KNOWN_QUANT_METHODS, NATIVE_METHODS
-from quantize.spec.schemes import SCHEMES, Scheme, kernel_family
+from quantize.recipe.schemes import SCHEMES, Scheme, kernel_family
 
 # the method names are format facts (quantize.model.formats); re-exported for the readers here
 KNOWN_METHODS = KNOWN_QUANT_METHODS
@@ -151,7 +151,7 @@ class Group:
 
     @property
     def kernel(self) -> str:
-        """The vLLM kernel family (quantize.spec.schemes.KERNELS) these layers need."""
+        """The vLLM kernel family (quantize.recipe.schemes.KERNELS) these layers need."""
         w, a = self.weights, self.activations
         if w is None:
             return "dense"

@@ -28,6 +28,15 @@ from quantize.model.source import (
 )
 from quantize.pipeline.convert_stage import converted_model
 from quantize.pipeline.stages import Stage, upto
+from quantize.recipe.recipe import (
+    EvalSuite,
+    Recipe,
+    canonical_hash,
+    load_recipe,
+    resolve,
+    suite_for,
+)
+from quantize.recipe.yamlio import read_text
 from quantize.run import stage as run_stage
 from quantize.run.lock import run_lock
 from quantize.run.manifest import (
@@ -41,8 +50,6 @@ from quantize.run.manifest import (
     versions,
 )
 from quantize.run.results import GateSummary
-from quantize.spec.recipe import EvalSuite, Recipe, canonical_hash, load_recipe, resolve, suite_for
-from quantize.spec.yamlio import read_text
 
 
 def pick_device(requested: str) -> str:

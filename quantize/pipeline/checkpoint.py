@@ -13,10 +13,10 @@ from pathlib import Path
 from quantize.errors import EvalError
 from quantize.model.config import config_path
 from quantize.model.source import model_fingerprint, resolve_model
+from quantize.recipe.recipe import Recipe, load_recipe, suite_for
 from quantize.run.files import atomic_dir
 from quantize.run.manifest import MANIFEST, read_export_manifest, versions
 from quantize.run.results import EvalSummary, GateSummary
-from quantize.spec.recipe import Recipe, load_recipe, suite_for
 from quantize.stages import eval as eval_stage
 from quantize.stages import gate as gate_stage
 from quantize.stages.eval.engine import EvalEngineRequest, choose, requested_engine

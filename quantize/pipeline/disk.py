@@ -67,7 +67,7 @@ def check(pipe: PipelineView, stages: dict[str, Callable[[DiskContext], list[Dis
     refuses (ResourceError, one line) or returns the facts for the manifest."""
     from quantize.checks.resources import check_disk
     from quantize.model.source import cache_root
-    from quantize.spec.recipe import canonical_hash
+    from quantize.recipe.recipe import canonical_hash
     from quantize.stages.calibrate import resolve_spec
 
     m = pipe.manifest

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from quantize.model.source import ModelRef, tokenizer_files
 from quantize.progress import info, step
+from quantize.recipe.recipe import EvalSuite, Recipe, canonical_hash
 from quantize.run.files import sha256_file
 from quantize.run.manifest import ExportManifest, Manifest, PreflightFacts
 from quantize.run.results import (
@@ -24,7 +25,6 @@ from quantize.run.results import (
     Record,
 )
 from quantize.run.stage import Inputs
-from quantize.spec.recipe import EvalSuite, Recipe, canonical_hash
 
 # a stage's summary, typed; the pipeline hands the manifest its JSON (Record.to_json)
 Execute = Callable[[Path], Record]

@@ -13,8 +13,8 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from quantize.errors import PlanError
-from quantize.spec.paths import DATA_DIR
-from quantize.spec.yamlio import load_yaml, read_text, validation_error
+from quantize.recipe.paths import DATA_DIR
+from quantize.recipe.yamlio import load_yaml, read_text, validation_error
 
 DATA = DATA_DIR / "gpus.yaml"
 USER_FILE = Path("~/.config/quantize/gpus.yaml").expanduser()

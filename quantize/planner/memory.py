@@ -28,7 +28,7 @@ from quantize.planner.weights import (
     published_quant,
     recipe_layers,
 )
-from quantize.spec.recipe import Recipe
+from quantize.recipe.recipe import Recipe
 
 GIB = 1 << 30
 
@@ -185,7 +185,7 @@ def predict(model: str, gpu: Gpu, *, tp: int = 1, util: float = 0.9, context: in
     batched/seqs default to `vllm serve`'s defaults for the GPU. `eager` (--enforce-eager)
     leaves the graphs' pool outside the budget as before (CUDAGRAPH_GIB) and, where the
     profile says so, a smaller profile peak (VllmProfile.graph_logit_tokens)."""
-    from quantize.checks.preflight import resolve_group_size, targeted_layers
+    from quantize.model.layers import resolve_group_size, targeted_layers
 
     source = load_source(model)
     mdl = meta(source.config)

@@ -111,7 +111,7 @@ def _row_dict(row: Row, concurrency: int) -> dict[str, Any]:
 
 
 def _recipe_list(names: Iterable[str]) -> list[str]:
-    from quantize.spec.recipe import available
+    from quantize.recipe.recipe import available
 
     out: list[str] = []
     for name in names:
@@ -124,7 +124,7 @@ def _recipe_list(names: Iterable[str]) -> list[str]:
 
 
 def make_plan(req: PlanRequest) -> Plan:
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
 
     if req.profile not in PROFILES:
         raise PlanError(problem=f"unknown vLLM profile {req.profile!r}",

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from quantize.model.config import Shape
 from quantize.planner.gpus import Gpu
 from quantize.planner.memory import Memory
-from quantize.spec.methods import METHODS
-from quantize.spec.recipe import Recipe
-from quantize.spec.schemes import (
+from quantize.recipe.methods import METHODS
+from quantize.recipe.recipe import Recipe
+from quantize.recipe.schemes import (
     KERNELS,
     SCHEMES,
     gpu_fallback,
@@ -54,7 +54,7 @@ def prior_recovery(recipe: Recipe | None) -> float:
 
 def gpu_support(recipe: Recipe | None, gpu: Gpu, experts: bool) -> tuple[bool, str]:
     """(runs at all, note) for this recipe's kernels on this card. The capability rules are
-    the scheme table's (quantize.spec.schemes.KERNELS); the notes are the planner's."""
+    the scheme table's (quantize.recipe.schemes.KERNELS); the notes are the planner's."""
     if recipe is None:
         return True, ""
     scheme = SCHEMES[recipe.scheme]
@@ -110,7 +110,7 @@ def tp_problem(shape: Shape, tp: int, fmt_group: int | None) -> str | None:
     """Why vLLM cannot shard this model `tp` ways, or None. The attention-head rule is
     pre-flight's (MLA caches one latent, so only its query heads split); the group-size rule
     is the planner's, on the row-parallel input widths (pre-flight checks it per layer)."""
-    from quantize.checks.preflight import heads_problem
+    from quantize.vllm.layers import heads_problem
 
     kv_heads = shape.heads if shape.mla_latent else shape.kv_heads
     problem = heads_problem(shape.heads, kv_heads, tp)

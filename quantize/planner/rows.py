@@ -38,8 +38,8 @@ from quantize.planner.weights import (
     published_quant,
     recipe_layers,
 )
-from quantize.spec.recipe import Recipe
-from quantize.spec.schemes import SCHEMES
+from quantize.recipe.recipe import Recipe
+from quantize.recipe.schemes import SCHEMES
 
 TP_CANDIDATES = (1, 2, 4, 8)
 BASELINE = "none"
@@ -109,7 +109,7 @@ class RowBuilder:
 
     def _group(self, recipe: Recipe) -> int | None:
         """The recipe's resolved group size; PreflightError when it does not apply."""
-        from quantize.checks.preflight import resolve_group_size, targeted_layers
+        from quantize.model.layers import resolve_group_size, targeted_layers
 
         layers = targeted_layers(self.model, recipe.targets, recipe.ignore)
         if not layers:

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict
 from quantize.errors import PlanError, QuantizeError, first_line
 from quantize.model.config import CONFIG, ModelConfig, config_path, read_config
 from quantize.model.qconfig import without_quant_config
+from quantize.recipe.paths import DATA_DIR
 from quantize.run.manifest import RunFolder
-from quantize.spec.paths import DATA_DIR
 
 CONFIGS = DATA_DIR / "model_configs"
 

@@ -11,10 +11,10 @@ import functools
 
 from pydantic import BaseModel, ConfigDict
 
-from quantize.spec.paths import DATA_DIR
-from quantize.spec.recipe import Recipe
-from quantize.spec.schemes import SCHEMES
-from quantize.spec.yamlio import parse_model, read_text
+from quantize.recipe.paths import DATA_DIR
+from quantize.recipe.recipe import Recipe
+from quantize.recipe.schemes import SCHEMES
+from quantize.recipe.yamlio import parse_model, read_text
 
 DATA = DATA_DIR / "vllm_speed.yaml"
 

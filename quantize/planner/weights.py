@@ -25,8 +25,8 @@ from quantize.model.qconfig import (
     quant_method,
     read_quant_config,
 )
-from quantize.spec.recipe import Recipe
-from quantize.spec.schemes import SCHEMES
+from quantize.recipe.recipe import Recipe
+from quantize.recipe.schemes import SCHEMES
 
 SIZED_METHODS = ("fp8", "compressed-tensors")  # published formats the planner can size
 
@@ -203,7 +203,7 @@ def _is_experts(module: Any) -> bool:
 
 @functools.lru_cache(maxsize=8)
 def _meta(config_json: str) -> Any:
-    from quantize.checks.preflight import meta_model
+    from quantize.model.layers import meta_model
     from quantize.model.source import check_architecture
 
     config = ModelConfig.from_json_text(config_json)
@@ -236,7 +236,7 @@ def recipe_layers(model: Any, recipe: Recipe, group: int | None,
                   dtype_bytes: int = 2) -> LayerPlan:
     """The recipe's per-layer formats, matched exactly as compressed-tensors matches them."""
 
-    from quantize.checks.preflight import override_group_size, targeted_layers
+    from quantize.model.layers import override_group_size, targeted_layers
 
     actorder = recipe.gptq.actorder if recipe.gptq else None
     main = _sized(format_for(recipe.scheme, group, actorder), dtype_bytes)
@@ -274,7 +274,7 @@ def _unsized(method: str | None) -> PlanError:
 def published_layers(model: Any, qc: QuantConfig) -> tuple[LayerPlan, str]:
     """The format of a pre-quantized checkpoint's quantization block (compressed-tensors or
     fp8 block), so its baseline row shows the weights as published."""
-    from quantize.checks.preflight import targeted_layers
+    from quantize.model.layers import targeted_layers
 
     group = qc.groups[0] if qc.groups else None
     w = (group.weights if group else None) or Args(8)

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from quantize.errors import QuantizeError, VerifyError
 from quantize.model.config import read_config
-from quantize.spec.paths import PROJECT_ROOT
-from quantize.spec.yamlio import parse_model, read_text
+from quantize.recipe.paths import PROJECT_ROOT
+from quantize.recipe.yamlio import parse_model, read_text
 from quantize.vllm import host as vhost
 from quantize.vllm import protocol as vllm_io
 from quantize.vllm import support

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
-from quantize.spec.recipe import CalibrationSpec
+from quantize.recipe.recipe import CalibrationSpec
 
 # what a metric measured with (seq_len, stride, task, limit, ...): scalars by metric kind
 Settings = dict[str, int | float | str | None]

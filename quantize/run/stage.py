@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 from quantize.errors import ExportError
 from quantize.progress import info
+from quantize.recipe.recipe import canonical_hash
 from quantize.run.files import atomic_dir, check_tree, hash_tree, now, pause_point
 from quantize.run.lock import run_lock
 from quantize.run.manifest import RunFolder, StageRecord
-from quantize.spec.recipe import canonical_hash
 
 Inputs = dict[str, Any]  # JSON values; a zero-argument callable is resolved when needed
 Execute = Callable[[Path], dict[str, Any]]  # the stage's summary as the manifest keeps it

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantize.errors import CalibrationError, first_line
+from quantize.recipe.paths import contained
+from quantize.recipe.recipe import CalibrationSpec, Recipe, load_calibration, resolve
+from quantize.recipe.texts import BUILTIN_TEXT, hub_texts
 from quantize.run.files import atomic_write_json, sha256_file
 from quantize.run.results import CalibrationSummary
-from quantize.spec.paths import contained
-from quantize.spec.recipe import CalibrationSpec, Recipe, load_calibration, resolve
-from quantize.spec.texts import BUILTIN_TEXT, hub_texts
 
 if TYPE_CHECKING:
     import torch

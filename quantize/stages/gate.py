@@ -2,7 +2,7 @@
 
 recovery = baseline/candidate for lower-is-better scores (perplexity) and
 candidate/baseline for higher-is-better ones (accuracy); exp(-KL) for KL divergence and
-1 - flip rate for answer flips (each kind's rule: quantize/spec/metric_kinds.py); a metric
+1 - flip rate for answer flips (each kind's rule: quantize/recipe/metric_kinds.py); a metric
 passes when recovery >= threshold.
 
 Noise: baseline and candidate are scored on the same windows/examples, so the gate uses the
@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from quantize.recipe.consumers import CONSUMERS, MAX_KL, row_name
+from quantize.recipe.metric_kinds import METRIC_KINDS, MetricBase, MetricKind
+from quantize.recipe.recipe import MetricSpec
 from quantize.run.files import atomic_write_json, atomic_write_text
 from quantize.run.results import EvalMetrics, GateResult, GateSummary, MetricRow
-from quantize.spec.consumers import CONSUMERS, MAX_KL, row_name
-from quantize.spec.metric_kinds import METRIC_KINDS, MetricBase, MetricKind
-from quantize.spec.recipe import MetricSpec
 from quantize.textfmt import md_table
 
 NAME = "gate"
@@ -45,7 +45,7 @@ def recovery(row: MetricRow) -> float:
 def margin(row: MetricRow) -> tuple[float, float | None]:
     """(how far the candidate is above the threshold, the noise on that) in the metric's
     natural paired unit: log-perplexity for perplexity, accuracy points for accuracy, nats
-    for KL divergence, items for answer flips (quantize/spec/metric_kinds.py)."""
+    for KL divergence, items for answer flips (quantize/recipe/metric_kinds.py)."""
     return _kind(row).margin_of(row.baseline, row.candidate, row.threshold), row.diff_se
 
 

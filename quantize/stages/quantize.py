@@ -11,8 +11,8 @@ from pathlib import Path
 
 from quantize.backends import QuantizeJob, get_backend
 from quantize.progress import step
+from quantize.recipe.methods import METHODS
 from quantize.run.results import QuantizeSummary
-from quantize.spec.methods import METHODS
 
 NAME = "quantize"
 

@@ -78,7 +78,7 @@ def cpu_flags() -> list[str]:
 def find_vllm_python(explicit: str | Path | None = None) -> Path | None:
     """--vllm-python, else $QUANTIZE_VLLM_PYTHON, else .venv-vllm/ in the project checkout or
     the current folder."""
-    from quantize.spec.recipe import PROJECT_ROOT
+    from quantize.recipe.recipe import PROJECT_ROOT
 
     given = explicit or os.environ.get("QUANTIZE_VLLM_PYTHON")
     if given:

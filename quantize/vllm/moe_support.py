@@ -5,7 +5,7 @@ vLLM runs MoE experts through fused-MoE kernels chosen apart from the dense Line
 layers/fused_moe/experts/), so an export whose every dense layer has a kernel on this host may
 still be refused at load ("No WNA16 MoE backend supports the deployment configuration",
 "Unsupported FP8 MoE backend"). The rules, each citing its vLLM file, are `KERNELS`' MoE
-fields in quantize.spec.schemes (`moe_cpu_problem`); this module applies them to a checkpoint
+fields in quantize.recipe.schemes (`moe_cpu_problem`); this module applies them to a checkpoint
 and the host a probe found. On a GPU every family this project writes has a fused-MoE kernel
 (Marlin/Triton WNA16, FP8 and INT8 Triton), so only the CPU is checked.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from quantize.model.config import ModelConfig
 from quantize.model.moe import config_is_moe, routing_kind, silu_experts
-from quantize.spec.schemes import moe_cpu_problem
+from quantize.recipe.schemes import moe_cpu_problem
 from quantize.vllm.host import Host
 from quantize.vllm.support import CheckpointFormat, group_label
 

@@ -2,7 +2,7 @@
 
 A checkpoint's format is its `QuantConfig` (quantize.model.qconfig): each config group's
 kernel family (`Group.kernel`). Where vLLM 0.32 runs each family on a GPU, and which op, ISA
-and weight bits its CPU kernel needs, is the `KERNELS` table in quantize.spec.schemes (each
+and weight bits its CPU kernel needs, is the `KERNELS` table in quantize.recipe.schemes (each
 rule citing the vLLM file it restates); this module applies that table to the host a probe
 found (quantize.vllm.host) and adds the rules the table does not hold, each naming its file
 under `vllm/model_executor/`:
@@ -38,7 +38,7 @@ from quantize.model.qconfig import (
     method_is,
     read_quant_config,
 )
-from quantize.spec.schemes import KERNELS, gpu_problem, rotation_problem
+from quantize.recipe.schemes import KERNELS, gpu_problem, rotation_problem
 from quantize.vllm.host import Host
 
 VERIFIED_METHODS = ("compressed-tensors", *NATIVE_METHODS)  # what the export stage writes

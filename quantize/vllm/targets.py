@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# vLLM's packed_modules_mapping for the Llama family (and every model that fuses like it)
-FUSED_NAMES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
-               "gate_up_proj": ("gate_proj", "up_proj")}
+from quantize.vllm.layers import FUSED_NAMES
 
 
 def with_fused_names(config_groups: dict[str, Any]) -> dict[str, Any]:

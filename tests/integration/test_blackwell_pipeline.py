@@ -12,7 +12,7 @@ from fixtures import export_runs
 from fixtures.export_runs import export_config, export_run
 
 from quantize.model.config import ModelConfig
-from quantize.spec.recipe import load_recipe
+from quantize.recipe.recipe import load_recipe
 from quantize.stages.verify import DecodeTolerance, verify_decode
 
 small_calibration = export_runs.small_calibration  # the module fixture, shared

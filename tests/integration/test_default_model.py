@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from quantize.pipeline import RunOptions, run
-from quantize.spec.recipe import DEFAULT_RECIPE
+from quantize.recipe.recipe import DEFAULT_RECIPE
 
 # gptq-int4 and the default recipe, to the gate on the smoke suite with 8 x 256 calibration
 # tokens: fixtures/default_runs.py
@@ -114,7 +114,7 @@ def test_native_engine_export_tracks_the_original(recipe: str, default_model: Pa
 
 @pytest.fixture(scope="module")
 def default_recipe_run(default_model: Path, default_runs: Any) -> Path:
-    """The default recipe (quantize.spec.recipe.DEFAULT_RECIPE) on the real default model with
+    """The default recipe (quantize.recipe.recipe.DEFAULT_RECIPE) on the real default model with
     the same small calibration and the same smoke slice of the default suite as `gptq_run`."""
     return default_runs(DEFAULT_RECIPE, until="gate")  # type: ignore[no-any-return]
 

@@ -46,7 +46,7 @@ def _kl_to_source(tiny_model: Path, export: Path) -> float:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, CompressedTensorsConfig
 
-    from quantize.spec.texts import BUILTIN_TEXT
+    from quantize.recipe.texts import BUILTIN_TEXT
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     ids = tok(BUILTIN_TEXT["wiki-eval"].read_text(encoding="utf-8"))["input_ids"][:4 * 128]
@@ -115,7 +115,7 @@ def test_disk_offload_gives_the_same_export(tiny_model: Path, tmp_path: Path) ->
     (a copy of the weights) must be gone afterwards."""
     from transformers import AutoTokenizer
 
-    from quantize.spec.texts import BUILTIN_TEXT
+    from quantize.recipe.texts import BUILTIN_TEXT
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     ids = tok(BUILTIN_TEXT["wiki"].read_text(encoding="utf-8"))["input_ids"]
@@ -132,7 +132,7 @@ def test_a_failing_rank_is_named(tiny_model: Path, tmp_path: Path) -> None:
     from quantize.backends import QuantizeJob
     from quantize.backends.llmcompressor import BACKEND
     from quantize.errors import QuantizationError
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
 
     out = tmp_path / "run" / "quantize"
     out.mkdir(parents=True)

@@ -22,7 +22,7 @@ from fixtures.export_runs import export_config, export_run
 
 from quantize.model.config import ModelConfig
 from quantize.pipeline import RunOptions, run
-from quantize.spec.recipe import load_recipe
+from quantize.recipe.recipe import load_recipe
 from quantize.vllm import host as vllm_host
 from quantize.vllm import support as capabilities
 

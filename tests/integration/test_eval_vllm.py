@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from fixtures.vllm import NEEDS_VLLM, VLLM_PYTHON
 
-from quantize.spec.recipe import EvalSuite, parse_metric
+from quantize.recipe.recipe import EvalSuite, parse_metric
 from quantize.vllm import host as vllm_host
 
 pytestmark = NEEDS_VLLM

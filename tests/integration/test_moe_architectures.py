@@ -46,7 +46,7 @@ def test_each_architecture_exports_to_plan_and_verifies(arch: str, recipe: str,
     from quantize.model.config import model_shape, read_config
     from quantize.model.moe import check_expert_scales, read_coverage
     from quantize.planner.weights import estimate_weights, meta, recipe_layers
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
     from quantize.stages import verify as V
 
     src = build_moe(arch, tmp_path / "src", default_tokenizer)

@@ -11,7 +11,7 @@ import pytest
 
 from quantize.errors import GateFailed
 from quantize.pipeline import RunOptions, run
-from quantize.spec.recipe import available, load_recipe
+from quantize.recipe.recipe import available, load_recipe
 
 # Relative L2 error of the reloaded export's logits vs the unquantized model, on a random
 # model (no outlier structure, so these are loose upper bounds, not quality claims). They

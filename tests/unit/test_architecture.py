@@ -15,7 +15,7 @@ TOO_LONG_FOR_NOW: set[str] = set()
 # Low to high. A module may import from its own layer and the layers before it.
 LAYERS: list[tuple[str, ...]] = [
     ("quantize", "quantize.errors", "quantize.progress"),
-    ("quantize.spec", "quantize.run", "quantize.model"),  # the foundations
+    ("quantize.recipe", "quantize.run", "quantize.model"),  # the foundations
     ("quantize.vllm", "quantize.checks", "quantize.backends",
      "quantize.convert"),  # kernels rules, checks, engines, format converters
     ("quantize.stages", "quantize.metrics", "quantize.planner", "quantize.report",

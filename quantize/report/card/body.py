@@ -2,7 +2,7 @@
 
 Each field of `BodyView` is a template variable; the wording and layout live in the template,
 the facts here: what the checkpoint's quantization block says (quantize.model.qconfig), what
-the scheme and engine tables say (quantize.spec), and the run's results (inputs.py views).
+the scheme and engine tables say (quantize.recipe), and the run's results (inputs.py views).
 """
 
 from __future__ import annotations
@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from quantize.recipe.consumers import ATTACH_TRANSFORMS
+from quantize.recipe.engines import ENGINES
+from quantize.recipe.methods import METHODS
 from quantize.report.card.inputs import (
     Calibration,
     CardInputs,
@@ -20,9 +23,6 @@ from quantize.report.card.inputs import (
     kernel_names,
 )
 from quantize.report.card.memory import MemoryView, memory
-from quantize.spec.consumers import ATTACH_TRANSFORMS
-from quantize.spec.engines import ENGINES
-from quantize.spec.methods import METHODS
 
 _MAX_IGNORE_SHOWN = 12
 _CT_LINK = "[compressed-tensors](https://github.com/neuralmagic/compressed-tensors)"

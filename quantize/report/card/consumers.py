@@ -1,13 +1,13 @@
 """The card's "Where it loads" table and which snippets it shows: only the consumers this
 run checked (the eval's agreement rows as the gate judged them, vLLM from `quantize
-verify`), each with what was measured (quantize/spec/consumers.py, metrics/consumers.py)."""
+verify`), each with what was measured (quantize/recipe/consumers.py, metrics/consumers.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from quantize.spec.consumers import CONSUMERS, row_name
+from quantize.recipe.consumers import CONSUMERS, row_name
 
 Json = dict[str, Any]
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from quantize.model.config import ModelConfig
 from quantize.model.qconfig import QuantConfig, read_quant_config
-from quantize.spec.metric_kinds import METRIC_KINDS
-from quantize.spec.recipe import Recipe
+from quantize.recipe.metric_kinds import METRIC_KINDS
+from quantize.recipe.recipe import Recipe
 
 Json = dict[str, Any]  # a result file as its stage wrote it
 

@@ -7,7 +7,7 @@ starting and ending with a letter or digit; at most 96 characters): a base name 
 cut and given 8 hex digits of its sha256, so two long bases stay apart too.
 
 The scheme tags are the ones users know from Red Hat AI / Neural Magic releases
-(quantize.spec.schemes holds each scheme's tag); the card's tags use them.
+(quantize.recipe.schemes holds each scheme's tag); the card's tags use them.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 import hashlib
 import re
 
-from quantize.spec.recipe import Recipe
-from quantize.spec.schemes import SCHEMES
+from quantize.recipe.recipe import Recipe
+from quantize.recipe.schemes import SCHEMES
 
 MAX_NAME = 96  # the Hub's limit on a repo name
 

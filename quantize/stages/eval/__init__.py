@@ -21,6 +21,8 @@ from quantize.model.decode import load_dequantized
 from quantize.model.moe import load_linearized, transformers_load_problem
 from quantize.model.qconfig import NATIVE_METHODS, quant_method
 from quantize.progress import info, step
+from quantize.recipe.metric_kinds import LongPerplexitySpec, PerplexitySpec
+from quantize.recipe.recipe import FLAT_FIELDS, LATER_FIELDS, EvalSuite, MetricSpec, canonical_hash
 from quantize.run.files import atomic_write_json, atomic_write_text, pause_point
 from quantize.run.lock import entry_lock
 from quantize.run.results import (
@@ -40,8 +42,6 @@ from quantize.run.results import (
     VllmLoads,
     expert_coverage_lines,
 )
-from quantize.spec.metric_kinds import LongPerplexitySpec, PerplexitySpec
-from quantize.spec.recipe import FLAT_FIELDS, LATER_FIELDS, EvalSuite, MetricSpec, canonical_hash
 from quantize.stages.eval.engine import EngineChoice, EngineKey
 from quantize.textfmt import md_table
 
@@ -52,7 +52,7 @@ class MeasuredSettings(TypedDict):
     """The suite's part of the eval stage key and of the baseline cache key (hashed as is)."""
 
     batch_size: int
-    metrics: list[dict[str, Any]]  # each MetricSpec's own JSON (quantize.spec.recipe)
+    metrics: list[dict[str, Any]]  # each MetricSpec's own JSON (quantize.recipe.recipe)
 
 
 def measured_settings(suite: EvalSuite) -> MeasuredSettings:
@@ -215,7 +215,7 @@ def compare(suite: EvalSuite, base: Scores, cand: Scores) -> list[MetricRow]:
     """One row per metric: each kind pairs the two models' scores its own way
     (quantize.metrics.kinds), the gate reads recovery and noise from the kind's rule."""
     from quantize.metrics.kinds import SCORERS
-    from quantize.spec.metric_kinds import METRIC_KINDS, paired_se
+    from quantize.recipe.metric_kinds import METRIC_KINDS, paired_se
 
     rows = []
     for spec in suite.metrics:

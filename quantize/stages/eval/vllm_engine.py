@@ -22,9 +22,9 @@ from typing import Any
 from quantize.errors import EvalError
 from quantize.metrics.kinds import SCORERS, vllm_problem
 from quantize.progress import info, step
+from quantize.recipe.metric_kinds import MultipleChoiceSpec, TextMetric
+from quantize.recipe.recipe import EvalSuite
 from quantize.run.results import Score, Scores, VllmLoad
-from quantize.spec.metric_kinds import MultipleChoiceSpec, TextMetric
-from quantize.spec.recipe import EvalSuite
 from quantize.stages.eval.engine import EngineChoice
 from quantize.vllm.protocol import ScoreGroup, ScoreRequest, kernel_counts, score, size_kv
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import PublishError
+from quantize.recipe.recipe import Recipe
 from quantize.report.card import (
     BaseInfo,
     Calibration,
@@ -28,7 +29,6 @@ from quantize.report.card import (
 )
 from quantize.run.files import atomic_dir
 from quantize.run.manifest import MANIFEST
-from quantize.spec.recipe import Recipe
 from quantize.stages.publish.marker import MARKER, marker_json
 from quantize.stages.publish.messages import refused, warn
 from quantize.stages.publish.nofollow import open_file, parts_of, read_file

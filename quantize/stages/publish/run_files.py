@@ -29,10 +29,10 @@ from pydantic import ValidationError
 
 from quantize.errors import ExportError, QuantizeError
 from quantize.model.config import ModelConfig
+from quantize.recipe.recipe import Recipe
+from quantize.recipe.yamlio import parse_model
 from quantize.run.files import check_tree
 from quantize.run.manifest import MANIFEST, ExportManifest, Manifest, RunFolder
-from quantize.spec.recipe import Recipe
-from quantize.spec.yamlio import parse_model
 from quantize.stages.publish.messages import redact, refused, refused_by, warn
 from quantize.stages.publish.nofollow import parts_of, read_file, regular_files
 
@@ -157,7 +157,7 @@ def _unproven_consumers(gate: Json | None, recipe: Recipe) -> str:
     """Why the gate does not vouch for the consumers the recipe advertises ("" when it does):
     every one the eval measures must have a passing row (a gate from before consumer rows
     has none; vLLM is `quantize verify`'s to check, and the card lists it only then)."""
-    from quantize.spec.consumers import CONSUMERS, row_name
+    from quantize.recipe.consumers import CONSUMERS, row_name
 
     if gate is None:
         return ""

@@ -49,7 +49,7 @@ def eval_text_ids(ckpt: Path, n: int = 4, length: int = 64) -> torch.Tensor:
     import torch
     from transformers import AutoTokenizer
 
-    from quantize.spec.texts import BUILTIN_TEXT
+    from quantize.recipe.texts import BUILTIN_TEXT
 
     tok = AutoTokenizer.from_pretrained(ckpt)
     rows = []

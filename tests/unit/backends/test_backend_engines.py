@@ -18,8 +18,8 @@ import pytest
 from quantize.backends import check_model
 from quantize.errors import BackendUnavailable, NotImplementedFeature, RecipeError
 from quantize.model.config import ModelConfig
-from quantize.spec.engines import ENGINE_SCHEMES
-from quantize.spec.recipe import load_recipe
+from quantize.recipe.engines import ENGINE_SCHEMES
+from quantize.recipe.recipe import load_recipe
 from quantize.vllm import host as H
 from quantize.vllm import support as caps
 
@@ -448,7 +448,7 @@ def test_autoround_without_its_package_is_refused_before_calibration(
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "auto_round" else real(name, *a))
-    from quantize.spec.recipe import Recipe
+    from quantize.recipe.recipe import Recipe
 
     r = Recipe(name="ar", description="d", method="autoround", scheme="W4A16",
                group_size=64)

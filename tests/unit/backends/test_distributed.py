@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from quantize.backends import QuantizeJob
 from quantize.backends import distributed as d
 from quantize.errors import NotImplementedFeature, QuantizeError
-from quantize.spec.recipe import load_recipe
+from quantize.recipe.recipe import load_recipe
 
 
 @pytest.mark.parametrize("recipe", ["gptq-int4", "awq-int4", "w8a8-int8", "fp8-kv"])

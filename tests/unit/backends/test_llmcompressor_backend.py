@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from quantize.backends.llmcompressor import build_modifiers
-from quantize.spec.recipe import load_recipe
+from quantize.recipe.recipe import load_recipe
 
 
 def _weights(mod):  # type: ignore[no-untyped-def]
@@ -101,7 +101,7 @@ def test_batch_size_over_one_refuses_unequal_samples() -> None:
 def _recipe(text: str):  # type: ignore[no-untyped-def]
     import yaml
 
-    from quantize.spec.recipe import Recipe
+    from quantize.recipe.recipe import Recipe
 
     return Recipe.model_validate(yaml.safe_load(text))
 

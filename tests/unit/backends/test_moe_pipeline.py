@@ -16,7 +16,7 @@ from fixtures.tiers import quantize_both_tiers
 from quantize.errors import RecipeError
 from quantize.model.moe import COVERAGE_FILE
 from quantize.pipeline import RunOptions, run
-from quantize.spec.recipe import load_recipe
+from quantize.recipe.recipe import load_recipe
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ from quantize.model.config import ModelConfig
 from quantize.planner import plan as P
 from quantize.planner.gpus import find
 from quantize.planner.weights import format_for, linear_bytes
+from quantize.recipe.recipe import load_recipe
+from quantize.recipe.schemes import KERNELS, gpu_support_level, native_schemes
 from quantize.report.card.naming import scheme_tag
-from quantize.spec.recipe import load_recipe
-from quantize.spec.schemes import KERNELS, gpu_support_level, native_schemes
 
 NEW = {"nvfp4": "NVFP4", "nvfp4a16": "NVFP4A16", "mxfp4": "MXFP4", "mxfp4a16": "MXFP4A16",
        "fp8-block": "FP8_BLOCK"}
@@ -94,7 +94,7 @@ def test_new_recipes_load_with_their_preset_and_tag(name: str) -> None:
 
 
 def test_group_size_on_a_fixed_group_format_is_one_line_error(recipe_file) -> None:  # type: ignore[no-untyped-def]
-    from quantize.spec.recipe import load_recipe as load
+    from quantize.recipe.recipe import load_recipe as load
 
     p = recipe_file("name: x\ndescription: d\nmethod: rtn\nscheme: NVFP4\ngroup_size: 32\n")
     with pytest.raises(RecipeError) as info:

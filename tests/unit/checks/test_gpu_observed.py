@@ -12,7 +12,7 @@ from quantize.model.config import ModelConfig
 from quantize.planner import plan as P
 from quantize.planner.gpus import find
 from quantize.planner.rows import PlanRequest
-from quantize.spec.recipe import load_recipe
+from quantize.recipe.recipe import load_recipe
 
 SMOL = ModelConfig.model_validate({
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,

@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from quantize.checks import placement, preflight, resources
+from quantize.checks import placement, resources
 from quantize.checks.placement import GiB, choose_host, load_plan
 from quantize.errors import NotImplementedFeature, PlacementError
+from quantize.model import layers as model_layers
 from quantize.model.config import ModelConfig
-from quantize.spec.recipe import load_recipe
+from quantize.recipe.recipe import load_recipe
 
 CONFIGS = Path(__file__).resolve().parents[3] / "quantize" / "data" / "model_configs"
 
@@ -125,7 +126,7 @@ def test_70b_on_one_gpu_and_a_small_host_onloads_from_ram_and_disk(
     raw = json.loads((CONFIGS / "meta-llama--Llama-3.1-70B-Instruct.json").read_text())
     raw.pop("quantization_config", None)
     cfg = ModelConfig.model_validate(raw)
-    meta = preflight.meta_model(cfg)
+    meta = model_layers.meta_model(cfg)
     r = load_recipe("gptq-int4")
     monkeypatch.setattr(resources, "host_free_bytes", lambda: 64 * GiB)
     monkeypatch.setattr(resources, "gpu_free_bytes", lambda: 80 * GiB)

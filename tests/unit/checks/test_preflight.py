@@ -9,8 +9,9 @@ import pytest
 
 from quantize.checks import preflight
 from quantize.errors import PreflightError
+from quantize.model import layers as model_layers
 from quantize.model.config import ModelConfig
-from quantize.spec.recipe import Override, Recipe
+from quantize.recipe.recipe import Override, Recipe
 
 
 def llama(**over: Any) -> ModelConfig:
@@ -205,19 +206,10 @@ def test_override_without_group_size_inherits_the_recipes() -> None:
 
     r = recipe(overrides=[Override(targets=[QKV], scheme="W8A16")])
     assert preflight.check(r, llama()).group_size == 64
-    schemes = preflight.layer_schemes(preflight.meta_model(llama()), r, 64)
+    schemes = preflight.layer_schemes(model_layers.meta_model(llama()), r, 64)
     q = next(s for s in schemes if s.layer.name.endswith("layers.0.self_attn.q_proj"))
     assert (q.scheme, q.group_size) == ("W8A16", 64)
     assert config_groups(r, 64)["group_1"].weights.group_size == 64  # what the engine runs
-
-
-def test_override_group_size_rule() -> None:
-    ov = Override(targets=[QKV], scheme="W8A16")
-    assert preflight.override_group_size(ov, 64) == 64
-    assert preflight.override_group_size(ov.model_copy(update={"group_size": "auto"}), 32) == 32
-    assert preflight.override_group_size(ov.model_copy(update={"group_size": 16}), 64) == 16
-    assert preflight.override_group_size(ov, None) == 128  # compressed-tensors' preset
-    assert preflight.override_group_size(Override(targets=[QKV], scheme="W8A8"), 64) is None
 
 
 def test_override_inheriting_a_group_size_that_does_not_divide_is_refused() -> None:
@@ -302,7 +294,7 @@ def _weights(tmp_path: Any, cfg: ModelConfig, change: Any = None) -> Any:
     import torch
     from safetensors.torch import save_file
 
-    model = preflight.meta_model(cfg)
+    model = model_layers.meta_model(cfg)
     state = {k: torch.zeros(v.shape, dtype=torch.float16) for k, v in model.state_dict().items()
              if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     if change is not None:
@@ -395,13 +387,13 @@ def test_a_quantized_source_and_one_without_tensors(tmp_path: Any) -> None:
 
     quantized = llama(**SMALL, quantization_config={"quant_method": "fp8"})
     folder = _weights(tmp_path, quantized, lambda s: s.pop("model.norm.weight"))
-    check_weights(folder, preflight.meta_model(quantized), quantized)  # left to its engine
+    check_weights(folder, model_layers.meta_model(quantized), quantized)  # left to its engine
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
     plain = llama(**SMALL)
     with pytest.raises(PreflightError) as info:
-        check_weights(empty, preflight.meta_model(plain), plain)
+        check_weights(empty, model_layers.meta_model(plain), plain)
     assert info.value.problem == "holds no tensors"
 
 

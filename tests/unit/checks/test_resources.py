@@ -13,8 +13,9 @@ import pytest
 from quantize.checks import preflight, resources
 from quantize.checks.resources import GiB, check_memory
 from quantize.errors import ResourceError
+from quantize.model import layers as model_layers
 from quantize.model.config import ModelConfig
-from quantize.spec.recipe import load_recipe
+from quantize.recipe.recipe import load_recipe
 
 CONFIGS = Path(__file__).resolve().parents[3] / "quantize" / "data" / "model_configs"
 SMALL = ModelConfig.model_validate({
@@ -28,7 +29,7 @@ def llama8b() -> tuple[ModelConfig, Any]:
     raw = json.loads((CONFIGS / "meta-llama--Llama-3.1-8B-Instruct.json").read_text())
     raw.pop("quantization_config", None)
     cfg = ModelConfig.model_validate(raw)
-    return cfg, preflight.meta_model(cfg)
+    return cfg, model_layers.meta_model(cfg)
 
 
 def _free(monkeypatch: pytest.MonkeyPatch, *, host: float = 1e6, gpu: float | None = None
@@ -43,7 +44,7 @@ def _free(monkeypatch: pytest.MonkeyPatch, *, host: float = 1e6, gpu: float | No
 
 
 def test_host_ram_refused_with_needed_free_and_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    meta = preflight.meta_model(SMALL)
+    meta = model_layers.meta_model(SMALL)
     r = load_recipe("gptq-int4")
     _free(monkeypatch)
     facts = check_memory(meta, r, SMALL, "cpu", [], 1)
@@ -58,7 +59,7 @@ def test_host_ram_refused_with_needed_free_and_fix(monkeypatch: pytest.MonkeyPat
 
 
 def test_the_meta_model_is_passed_in_not_rebuilt(monkeypatch: pytest.MonkeyPatch) -> None:
-    meta = preflight.meta_model(SMALL)
+    meta = model_layers.meta_model(SMALL)
 
     def rebuilt(*_a: Any, **_k: Any) -> None:
         raise AssertionError("resources rebuilt the meta model")
@@ -94,7 +95,7 @@ def test_moe_estimate_counts_every_experts_hessian() -> None:
     raw = json.loads((CONFIGS / "Qwen--Qwen3-30B-A3B.json").read_text())
     cfg = ModelConfig.model_validate({**raw, "num_hidden_layers": 12})
     r = load_recipe("gptq-int4")
-    size = resources.model_size(preflight.meta_model(cfg), r)
+    size = resources.model_size(model_layers.meta_model(cfg), r)
     per_expert = (2 * 2048 ** 2 + 768 ** 2) * 4  # gate and up take the hidden size, down 768
     attention = (3 * 2048 ** 2 + 4096 ** 2) * 4  # q/k/v take 2048, o the 32 x 128 heads
     assert size.hessian_bytes == 128 * per_expert + attention

@@ -90,7 +90,7 @@ def _llama_meta():  # type: ignore[no-untyped-def]
 
 def test_units_tie_fused_shards() -> None:
     from quantize.fit.units import build_units
-    from quantize.spec.recipe import DEFAULT_RECIPE, load_recipe
+    from quantize.recipe.recipe import DEFAULT_RECIPE, load_recipe
 
     base = load_recipe(DEFAULT_RECIPE)
     units = build_units(_llama_meta(), base, (4, 8, 16), 2)
@@ -112,7 +112,7 @@ def test_written_recipe_passes_preflight_fused_check(tmp_path) -> None:  # type:
     from quantize.fit.units import build_units
     from quantize.model.config import model_shape
     from quantize.planner.sources import load_source
-    from quantize.spec.recipe import DEFAULT_RECIPE, load_recipe
+    from quantize.recipe.recipe import DEFAULT_RECIPE, load_recipe
 
     base = load_recipe(DEFAULT_RECIPE)
     model = _llama_meta()
@@ -154,15 +154,16 @@ def test_moe_experts_are_one_unit_per_layer_and_the_fit_recipe_keeps_them_togeth
     """fit never gives a MoE layer's experts two schemes (vLLM refuses that at load): all of a
     layer's expert projections, for all experts, are one knapsack item, written as one
     pattern; pre-flight then sees one scheme per layer's experts."""
-    from quantize.checks.preflight import check_fused_schemes, experts_module, layer_schemes
+    from quantize.checks.preflight import check_fused_schemes, layer_schemes
     from quantize.fit.assign import Problem, make_assignment
     from quantize.fit.budget import Budget
     from quantize.fit.recipe_writer import fit_recipe, write_recipe
     from quantize.fit.units import build_units
     from quantize.model.config import model_shape
+    from quantize.model.layers import experts_module
     from quantize.planner.sources import load_source
     from quantize.planner.weights import estimate_weights, meta, recipe_layers
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
 
     source = load_source("Qwen/Qwen3-30B-A3B")
     model = meta(source.config)

@@ -11,7 +11,7 @@ import pytest
 from quantize.fit.mixed import allocate
 from quantize.planner.sources import load_source
 from quantize.planner.weights import estimate_weights, meta, recipe_layers
-from quantize.spec.recipe import load_recipe
+from quantize.recipe.recipe import load_recipe
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from quantize.fit.sensitivity import Replay, SensitivityKey, measure
 from quantize.fit.units import build_units
 from quantize.planner.sources import load_source
 from quantize.planner.weights import meta
-from quantize.spec.recipe import load_recipe
+from quantize.recipe.recipe import load_recipe
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ def exports(default_tokenizer: Path, tmp_path_factory: pytest.TempPathFactory
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from quantize.backends.llmcompressor import build_modifiers
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
 
     tok = AutoTokenizer.from_pretrained(default_tokenizer)
     torch.manual_seed(0)
@@ -59,7 +59,7 @@ def _rows(export: Path, consumers: list[str]) -> dict[str, object]:
 
 def test_plain_loaders_drop_the_online_rotations(exports: dict[str, Path]) -> None:
     from quantize.metrics.consumers import measured_here
-    from quantize.spec.consumers import MAX_KL
+    from quantize.recipe.consumers import MAX_KL
 
     rows = _rows(exports["gptq-int4-rotated"], measured_here(True))
     assert set(rows) == {"consumer:transformers", "consumer:lm-eval-hf",
@@ -74,7 +74,7 @@ def test_plain_loaders_drop_the_online_rotations(exports: dict[str, Path]) -> No
 
 def test_a_portable_export_agrees_in_every_local_consumer(exports: dict[str, Path]) -> None:
     from quantize.metrics.consumers import measured_here
-    from quantize.spec.consumers import MAX_KL
+    from quantize.recipe.consumers import MAX_KL
 
     assert measured_here(False) == ["transformers", "lm-eval-hf"]
     rows = _rows(exports["gptq-int4-asym"], measured_here(False))

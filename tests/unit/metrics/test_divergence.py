@@ -10,8 +10,8 @@ import pytest
 
 from quantize.errors import EvalError
 from quantize.metrics.divergence import coarse_kl, divergence, flips, reference
+from quantize.recipe.recipe import MetricSpec, parse_metric
 from quantize.run.results import Score
-from quantize.spec.recipe import MetricSpec, parse_metric
 
 
 def _full_kl(p_lp: Any, q_lp: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Metric kinds: one entry in THE kind table (quantize/spec/metric_kinds.py) plus its scorer
+"""Metric kinds: one entry in THE kind table (quantize/recipe/metric_kinds.py) plus its scorer
 (quantize/metrics/kinds.py); the suite, the eval rows and the gate take a new one with
 nothing else edited."""
 
@@ -13,9 +13,9 @@ from pydantic import ValidationError
 
 from quantize.errors import EvalError
 from quantize.metrics import kinds
+from quantize.recipe import metric_kinds
+from quantize.recipe.recipe import EvalSuite, parse_metric, rebuild_suite
 from quantize.run.results import MetricRow, Score, Scores
-from quantize.spec import metric_kinds
-from quantize.spec.recipe import EvalSuite, parse_metric, rebuild_suite
 from quantize.stages import gate
 from quantize.stages.eval import compare
 
@@ -57,7 +57,7 @@ def test_each_kind_is_its_own_model(metric: dict[str, Any], problem: tuple[str, 
 
 def test_a_suite_file_names_the_line_and_field_without_the_kind_tag(tmp_path: Path) -> None:
     from quantize.errors import RecipeError
-    from quantize.spec.recipe import load_suite
+    from quantize.recipe.recipe import load_suite
 
     p = tmp_path / "s.yaml"
     p.write_text("name: s\nmetrics:\n  - name: ppl\n    kind: perplexity\n"
@@ -147,7 +147,7 @@ def test_a_new_kind_is_one_entry_in_each_table(monkeypatch: pytest.MonkeyPatch,
 def test_suites_of_the_flat_model_keep_their_eval_keys() -> None:
     """A suite without the later kinds hashes as when every metric was one flat model
     (measured on the code before the kinds were split), so earlier runs are not re-scored."""
-    from quantize.spec.recipe import canonical_hash, load_suite
+    from quantize.recipe.recipe import canonical_hash, load_suite
     from quantize.stages.eval import measured_settings
 
     assert canonical_hash(measured_settings(load_suite("smoke"))) == (

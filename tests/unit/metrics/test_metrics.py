@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from quantize.metrics import BIGBENCH_DIR, _bigbench_docs, _task_yaml, windows
-from quantize.spec.texts import BUILTIN_TEXT
+from quantize.recipe.texts import BUILTIN_TEXT
 
 
 @pytest.mark.parametrize(("n", "seq", "stride"), [(100, 10, 10), (100, 10, 5), (97, 16, 7),
@@ -48,7 +48,7 @@ def test_packed_multiple_choice_scores_like_lm_eval_hflm(tiny_model: Path, tmp_p
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from quantize.metrics import hf_lm, multiple_choice
-    from quantize.spec.recipe import parse_metric
+    from quantize.recipe.recipe import parse_metric
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(tiny_model)
@@ -65,7 +65,7 @@ def test_packed_multiple_choice_scores_like_lm_eval_hflm(tiny_model: Path, tmp_p
 
 
 def test_choice_scoring_marks_the_hf_keys_only() -> None:
-    from quantize.spec.recipe import load_suite
+    from quantize.recipe.recipe import load_suite
     from quantize.stages.eval import HF_CHOICE_SCORING, choice_scoring
     from quantize.stages.eval.engine import EngineChoice
 

@@ -270,8 +270,8 @@ def test_group_size_auto_counts_the_fused_experts(arch: str) -> None:
     """Expert projections take the expert intermediate size (64 here) as input: `auto` must
     pick 64, not the 128 the attention and dense layers allow (llm-compressor failed with
     "unflatten: Provided sizes [-1, 128] don't multiply up to the size of dim 1 (64)")."""
-    from quantize.checks.preflight import resolve_group_size, targeted_layers
-    from quantize.spec.recipe import load_recipe
+    from quantize.model.layers import resolve_group_size, targeted_layers
+    from quantize.recipe.recipe import load_recipe
 
     model = tiny(arch)
     layers = targeted_layers(model, ["Linear"], ["lm_head", *ROUTERS[arch]])

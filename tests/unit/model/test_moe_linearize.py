@@ -205,8 +205,8 @@ def test_per_expert_linears_are_built_on_the_fused_modules_device() -> None:
     torch.set_default_device("meta")
     try:
         moe.linearize(ours)
-    finally:
-        torch.set_default_device(default)
+    finally:  # None removes the device mode; setting "cpu" back would leave one installed
+        torch.set_default_device(None if default.type == "cpu" else default)
     linearize_moe(theirs)
     a, b = ours.state_dict(), theirs.state_dict()
     assert a.keys() == b.keys() and any(".experts.0.gate_proj." in k for k in a)

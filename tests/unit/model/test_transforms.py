@@ -21,7 +21,7 @@ def rotated(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):  # type
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from quantize.backends.llmcompressor import build_modifiers
-    from quantize.spec.recipe import load_recipe
+    from quantize.recipe.recipe import load_recipe
 
     out = tmp_path_factory.mktemp("rotated")
     tok = AutoTokenizer.from_pretrained(tiny_model)

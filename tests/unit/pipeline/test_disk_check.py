@@ -11,7 +11,7 @@ from quantize.checks import preflight
 from quantize.checks.resources import DiskNeed, check_disk
 from quantize.errors import ResourceError
 from quantize.pipeline import disk
-from quantize.spec.recipe import load_recipe
+from quantize.recipe.recipe import load_recipe
 
 MiB = 2**20
 STAGES = ["calibrate", "quantize", "export", "eval", "gate"]

@@ -13,9 +13,9 @@ from quantize.cli.app import main
 from quantize.errors import QuantizeError
 from quantize.pipeline import Pipeline, stages
 from quantize.pipeline.disk import DiskContext
+from quantize.recipe.paths import PROJECT_ROOT
 from quantize.run.manifest import Manifest, RunFolder
 from quantize.run.results import Record
-from quantize.spec.paths import PROJECT_ROOT
 
 
 def test_each_stage_has_its_command_target_and_disk_need(tmp_path: Path) -> None:

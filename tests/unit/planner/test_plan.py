@@ -20,7 +20,7 @@ from quantize.cli import main
 from quantize.errors import PlanError
 from quantize.planner import plan as P
 from quantize.planner.gpus import catalog, find
-from quantize.spec.recipe import Recipe, available, load_recipe
+from quantize.recipe.recipe import Recipe, available, load_recipe
 
 GIB = 1 << 30
 
@@ -140,7 +140,7 @@ def test_tied_embeddings_counted_once_and_ignored_layers_at_model_dtype() -> Non
 def test_an_override_without_group_size_gets_the_group_pre_flight_and_the_engine_use() -> None:
     """A per-channel recipe (W8A8) with a grouped override (W4A16, no group_size): the engine
     writes compressed-tensors' preset group (128), so plan must count 128-groups too."""
-    from quantize.checks.preflight import PRESET_GROUP_SIZE
+    from quantize.model.layers import PRESET_GROUP_SIZE
 
     model = P.meta(P.load_source("Qwen/Qwen3-0.6B").config)
     recipe = _recipe("W8A8", overrides=[{"targets": ["re:.*mlp.down_proj"],
@@ -572,7 +572,7 @@ def test_weight_estimate_matches_real_export(name: str, tmp_path: Path) -> None:
     src = P.load_source("default")
     model = P.meta(src.config)
     proxy = load_recipe(str(yml))
-    from quantize.checks.preflight import resolve_group_size, targeted_layers
+    from quantize.model.layers import resolve_group_size, targeted_layers
 
     group = resolve_group_size(proxy, targeted_layers(model, proxy.targets, proxy.ignore))
     est = P.estimate_weights(model, 2, P.recipe_layers(model, proxy, group)).total

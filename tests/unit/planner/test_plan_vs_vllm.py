@@ -14,7 +14,7 @@ from quantize.planner import plan as P
 from quantize.planner.gpus import find
 from quantize.planner.levers import boundary, margin
 from quantize.planner.rows import PlanRequest
-from quantize.spec.recipe import load_recipe
+from quantize.recipe.recipe import load_recipe
 
 L8 = "meta-llama/Llama-3.1-8B-Instruct"
 # (label, recipe, vLLM settings: gpu_memory_utilization, max_model_len, max_num_batched_tokens,

@@ -37,8 +37,8 @@ def test_verify_facts_list_the_kernels_vllm_ran() -> None:
 def test_the_card_cites_the_measured_serving_speed_of_its_format() -> None:
     from types import SimpleNamespace
 
+    from quantize.recipe.recipe import load_recipe
     from quantize.report.card.body import _speed
-    from quantize.spec.recipe import load_recipe
 
     lines = _speed(SimpleNamespace(recipe=load_recipe("gptq-int4-asym"), group_size=64))  # type: ignore[arg-type]
     assert len(lines) == 3 and lines[0].startswith("MacheteLinearKernel (vLLM's own choice)")

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from quantize.errors import CalibrationError, RecipeError
-from quantize.spec.recipe import CalibrationSpec, load_recipe
+from quantize.recipe.recipe import CalibrationSpec, load_recipe
 from quantize.stages import calibrate
 
 

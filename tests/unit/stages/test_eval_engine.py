@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from quantize.errors import EvalError
-from quantize.spec.recipe import EvalSuite, parse_metric
+from quantize.recipe.recipe import EvalSuite, parse_metric
 from quantize.stages.eval import engine as E
 from quantize.vllm.host import Host
 
@@ -250,7 +250,7 @@ def test_long_perplexity_fields_are_checked() -> None:
 
 
 def test_fp8_kv_recipe_gates_on_long_context_in_vllm_by_default() -> None:
-    from quantize.spec.recipe import load_recipe, suite_for
+    from quantize.recipe.recipe import load_recipe, suite_for
 
     recipe = load_recipe("fp8-kv")
     suite = suite_for(recipe, None)
@@ -261,7 +261,7 @@ def test_fp8_kv_recipe_gates_on_long_context_in_vllm_by_default() -> None:
 
 
 def test_measured_settings_keep_keys_of_runs_made_before_long_perplexity() -> None:
-    from quantize.spec.recipe import load_suite
+    from quantize.recipe.recipe import load_suite
     from quantize.stages.eval import engine_key, measured_settings
 
     settings = measured_settings(load_suite("default"))

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from quantize.spec.metric_kinds import paired_se
+from quantize.recipe.metric_kinds import paired_se
 from quantize.stages.gate import decide, judge, markdown, recovery
 
 

@@ -20,9 +20,9 @@ from huggingface_hub import ModelCard
 from quantize.cli import main
 from quantize.errors import PublishError
 from quantize.model.config import ModelConfig
+from quantize.recipe.recipe import load_recipe
 from quantize.report.card import default_repo_name, kv_bytes_per_token, scheme_tag
 from quantize.run.files import hash_tree
-from quantize.spec.recipe import load_recipe
 from quantize.stages.publish import PublishOptions, publish, redact
 from tests.fixtures.manifests import read_manifest, write_manifest
 

@@ -21,8 +21,8 @@ from fixtures.hub.runs import dry, make_run, relist
 
 from quantize.cli import main
 from quantize.errors import PublishError
+from quantize.recipe.recipe import load_recipe
 from quantize.report.card import default_repo_name
-from quantize.spec.recipe import load_recipe
 from quantize.stages.publish import PublishOptions, publish
 from tests.fixtures.manifests import read_manifest, write_manifest
 

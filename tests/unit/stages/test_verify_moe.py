@@ -1,4 +1,4 @@
-"""verify on mixture-of-experts exports: the MoE kernel rules (quantize.spec.schemes KERNELS'
+"""verify on mixture-of-experts exports: the MoE kernel rules (quantize.recipe.schemes KERNELS'
 MoE fields, read from vLLM 0.32's fused_moe sources) and the host-limit path: when this
 host's vLLM has no fused-MoE kernel for the export, verify says so, runs the exact decode
 and passes on a sound export."""
@@ -15,7 +15,7 @@ from fixtures.verify_setup import oneshot_exports
 
 from quantize.checks.preflight import moe_kernel_warning
 from quantize.model.config import ModelConfig
-from quantize.spec.recipe import load_recipe
+from quantize.recipe.recipe import load_recipe
 from quantize.stages import verify as V
 from quantize.vllm import host as H
 from quantize.vllm.moe_support import moe_problem

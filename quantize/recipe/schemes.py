@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from quantize.spec.yamlio import one_of
+from quantize.recipe.yamlio import one_of
 
 Activations = Literal["none", "int8-dynamic", "fp8-dynamic", "fp8-static",
                       # FP4 activations, per group of 16 (NVFP4: FP8 local scales computed at

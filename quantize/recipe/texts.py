@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from quantize.errors import QuantizeError, first_line
-from quantize.spec.paths import DATA_DIR
+from quantize.recipe.paths import DATA_DIR
 
 BUILTIN_TEXT = {"wiki": DATA_DIR / "wiki_calibration.txt", "wiki-eval": DATA_DIR / "wiki_eval.txt"}
 # what an eval metric's `builtin:` may name: the held-out wiki text and a novel

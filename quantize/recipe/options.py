@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from quantize.spec.strict import Strict
+from quantize.recipe.strict import Strict
 
 
 class GPTQOptions(Strict):

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from quantize.spec.methods import METHODS
-from quantize.spec.schemes import SCHEMES
-from quantize.spec.yamlio import one_of
+from quantize.recipe.methods import METHODS
+from quantize.recipe.schemes import SCHEMES
+from quantize.recipe.yamlio import one_of
 
 
 def _native_rules(r: Any) -> str | None:
@@ -78,7 +78,7 @@ _WHY_SCHEME = {"gptq": "vLLM loads native GPTQ only symmetric with 4 or 8 bits",
 
 
 def check_recipe(r: Any) -> None:
-    """The recipe (a quantize.spec.recipe.Recipe, which calls this from its validator) asks
+    """The recipe (a quantize.recipe.recipe.Recipe, which calls this from its validator) asks
     only for what the chosen engine does (and vLLM then loads): its methods and schemes,
     then its own rules."""
     engine = ENGINES[r.backend]

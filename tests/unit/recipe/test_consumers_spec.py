@@ -1,4 +1,4 @@
-"""quantize/spec/consumers.py with the recipe: which consumers a recipe advertises, and the
+"""quantize/recipe/consumers.py with the recipe: which consumers a recipe advertises, and the
 refusal, when the recipe loads, of a consumer its online rotations cannot run in."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from quantize.errors import RecipeError
-from quantize.spec.consumers import CONSUMERS, ONLINE, PORTABLE, cannot_apply
-from quantize.spec.recipe import available, load_recipe
+from quantize.recipe.consumers import CONSUMERS, ONLINE, PORTABLE, cannot_apply
+from quantize.recipe.recipe import available, load_recipe
 
 ROTATED = """name: x
 description: d

@@ -1,6 +1,6 @@
 """Hostile YAML (issue #47, defect 6): every document is refused or loaded within a second, as
 one RecipeError line naming the file (and the line) and the limit; never a traceback, a hang or
-a gigabyte. Every YAML file the product reads goes through quantize/spec/yamlio.py, so the
+a gigabyte. Every YAML file the product reads goes through quantize/recipe/yamlio.py, so the
 matrix runs on the recipe loader and the other loaders are checked to share it."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from quantize.errors import RecipeError
-from quantize.spec import yamlio
-from quantize.spec.recipe import load_calibration, load_recipe, load_suite
+from quantize.recipe import yamlio
+from quantize.recipe.recipe import load_calibration, load_recipe, load_suite
 
 HEAD = "name: r\ndescription: d\nmethod: gptq\nscheme: W4A16\n"  # lines 1-4
 

@@ -6,7 +6,7 @@ Strict types as well (`strict=True`): a value must already be of its field's typ
 (or JSON) writes it. A boolean is `true`/`false` (the text "yes" once turned remote code on),
 an integer is a whole number (not `true`, not "8", not 8.0 or 2.5), a number is not text and
 not a boolean; an integer is still a number. No number is infinite or NaN (`.inf`, `.nan`,
-1e999): no setting means either. quantize/spec/yamlio.py names the line, the field, the value
+1e999): no setting means either. quantize/recipe/yamlio.py names the line, the field, the value
 got and how to write it."""
 
 from __future__ import annotations

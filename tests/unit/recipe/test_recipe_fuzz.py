@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quantize.errors import RecipeError
-from quantize.spec.recipe import load_recipe
+from quantize.recipe.recipe import load_recipe
 
 KEYS = ["name", "description", "method", "scheme", "group_size", "ignore", "targets",
         "overrides", "smoothquant", "gptq", "awq", "kv_cache", "calibration", "eval",

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from quantize.errors import RecipeError
-from quantize.spec.recipe import (
+from quantize.recipe.recipe import (
     CalibrationSpec,
     Recipe,
     load_calibration,
@@ -159,9 +159,9 @@ def test_every_shipped_yaml_file_still_loads() -> None:
     """recipes/, calibration/, eval/ (the shipped loaders' tests are in test_recipe.py), the
     GPU catalog, the speed table, the question set and bench/'s specs and suites."""
     from quantize.planner import gpus, speed
+    from quantize.recipe.paths import PROJECT_ROOT
+    from quantize.recipe.yamlio import load_yaml, read_text
     from quantize.report.answers import load_questions
-    from quantize.spec.paths import PROJECT_ROOT
-    from quantize.spec.yamlio import load_yaml, read_text
 
     assert len(gpus._read(gpus.DATA)) >= 10
     speed.table.cache_clear()

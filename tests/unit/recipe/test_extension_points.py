@@ -15,8 +15,8 @@ import pytest
 from quantize import backends
 from quantize.model.config import ModelConfig
 from quantize.planner.weights import format_for, linear_bytes
-from quantize.spec import engines, methods, schemes
-from quantize.spec.recipe import Recipe
+from quantize.recipe import engines, methods, schemes
+from quantize.recipe.recipe import Recipe
 
 
 def _recipe(**kw: Any) -> Recipe:

@@ -16,17 +16,17 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, Discriminator, Field, Tag, TypeAdapter, model_validator
 
 from quantize.errors import RecipeError
-from quantize.spec.consumers import ConsumerName, cannot_apply, default_consumers
-from quantize.spec.engines import BackendName, check_recipe
-from quantize.spec.methods import METHODS, OPTION_BLOCKS, MethodName, ObserverName
-from quantize.spec.metric_kinds import (
+from quantize.recipe.consumers import ConsumerName, cannot_apply, default_consumers
+from quantize.recipe.engines import BackendName, check_recipe
+from quantize.recipe.methods import METHODS, OPTION_BLOCKS, MethodName, ObserverName
+from quantize.recipe.metric_kinds import (
     METRIC_KINDS,
     AnswerFlipsSpec,
     MetricBase,
     TextMetric,
     paired_names,
 )
-from quantize.spec.options import (
+from quantize.recipe.options import (
     AutoRoundOptions,
     AWQOptions,
     GPTQOptions,
@@ -34,15 +34,15 @@ from quantize.spec.options import (
     Rotation,
     SmoothQuantOptions,
 )
-from quantize.spec.paths import PROJECT_ROOT, contained
-from quantize.spec.schemes import SCHEMES, Scheme, SchemeName
-from quantize.spec.strict import Name, Strict
-from quantize.spec.yamlio import expected, parse_model, read_text
+from quantize.recipe.paths import PROJECT_ROOT, contained
+from quantize.recipe.schemes import SCHEMES, Scheme, SchemeName
+from quantize.recipe.strict import Name, Strict
+from quantize.recipe.yamlio import expected, parse_model, read_text
 
 # The recipe `quantize run`, `make quantize` and `quantize fit` use when none is named: the
 # best 4-bit checkpoint measured on the default model that every consumer loads correctly
 # with no extra code (no online transform; issue #46, bench/RESULTS.md). The Makefile's
-# RECIPE default repeats it (tests/unit/spec/test_recipe.py checks they agree). `quantize fit`
+# RECIPE default repeats it (tests/unit/recipe/test_recipe.py checks they agree). `quantize fit`
 # takes its scheme and rotation and makes its own per-layer assignment.
 DEFAULT_RECIPE = "gptq-int4-asym-g32"
 # the methods a recipe's `rotation:` is measured with (rotations before AWQ's smoothing or
@@ -90,7 +90,7 @@ class CalibrationSpec(Strict):
 EngineName = Literal["hf", "vllm", "auto"]  # what scores a suite (quantize.stages.eval)
 
 
-# A suite's metric: the model of its kind (quantize/spec/metric_kinds.py), chosen by `kind`.
+# A suite's metric: the model of its kind (quantize/recipe/metric_kinds.py), chosen by `kind`.
 MetricSpec = MetricBase
 
 # Fields added after runs were made: left out of the measured settings while at their
@@ -309,7 +309,7 @@ class Recipe(Strict):
     @property
     def advertised_consumers(self) -> tuple[str, ...]:
         """The consumers the export is advertised for: the recipe's, else every one that
-        can load it (quantize/spec/consumers.py)."""
+        can load it (quantize/recipe/consumers.py)."""
         return tuple(self.consumers or default_consumers(self.online_transforms))
 
     @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from quantize.spec.yamlio import one_of
+from quantize.recipe.yamlio import one_of
 
 # weight observers a recipe may pick (llm-compressor 0.14's registry, llmcompressor/observers):
 # minmax is the library default; mse searches a shrunk range that minimises the weight's

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from quantize.errors import RecipeError
-from quantize.spec.recipe import (
+from quantize.recipe.recipe import (
     EvalRef,
     apply_thresholds,
     available,
@@ -176,8 +176,8 @@ def test_suite_metric_needs_direction(tmp_path) -> None:  # type: ignore[no-unty
 def test_the_default_recipe_is_shipped_and_the_makefile_agrees() -> None:
     import re
 
-    from quantize.spec.paths import PROJECT_ROOT
-    from quantize.spec.recipe import DEFAULT_RECIPE
+    from quantize.recipe.paths import PROJECT_ROOT
+    from quantize.recipe.recipe import DEFAULT_RECIPE
 
     assert load_recipe(DEFAULT_RECIPE).name == DEFAULT_RECIPE
     make = (PROJECT_ROOT / "Makefile").read_text()
@@ -189,7 +189,7 @@ def test_gptq_solves_nvfp4_and_no_other_float_grid() -> None:
     round-to-nearest's 80.3 % on the default model); FP8 and MXFP4 stay round-to-nearest."""
     from pydantic import ValidationError
 
-    from quantize.spec.recipe import Recipe
+    from quantize.recipe.recipe import Recipe
 
     base = {"name": "r", "description": "d", "method": "gptq"}
     assert Recipe.model_validate({**base, "scheme": "NVFP4A16"}).scheme == "NVFP4A16"

@@ -29,7 +29,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from quantize.spec.strict import Name, Strict
+from quantize.recipe.strict import Name, Strict
 
 Direction = Literal["lower_is_better", "higher_is_better"]
 
