@@ -26,7 +26,7 @@ from quantize.model.source import (
     model_fingerprint,
     resolve_model,
 )
-from quantize.pipeline.convert_stage import converted_model
+from quantize.pipeline.input_model import converted_model
 from quantize.pipeline.stages import Stage, upto
 from quantize.recipe.recipe import (
     EvalSuite,
@@ -151,7 +151,7 @@ class Pipeline:
         upto(self.opts.until)  # an unknown stage name fails now
         self.recipe = load_recipe(self.opts.recipe)
         self.recipe_text = read_text(resolve("recipes", self.opts.recipe))
-        # a GGUF or FP8-block source is converted to bf16 first (cached; convert_stage)
+        # a GGUF or FP8-block source is converted to bf16 first (cached; input_model)
         self.model = converted_model(self.opts.model, allow_pickle=self.opts.allow_pickle) \
             or resolve_model(self.opts.model, allow_pickle=self.opts.allow_pickle)
         check_architecture(self.model.config, trust_remote_code=self.recipe.trust_remote_code)

@@ -1,5 +1,5 @@
-"""The convert stage in front of the pipeline: `--model some.gguf` or an FP8-block folder is
-converted to bf16 safetensors once (quantize.convert), into the cache keyed by the source,
+"""The model a run reads: `--model some.gguf` or an FP8-block folder is converted to bf16
+safetensors first, once (not a stage of the run: the cache entry is shared by runs) (quantize.convert), into the cache keyed by the source,
 and the pipeline quantizes that folder. A second run with the same source finds the
 converted folder and starts at calibration; a converter that crashed resumes.
 
