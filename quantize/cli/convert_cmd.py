@@ -9,12 +9,18 @@ import click
 
 from quantize.cli.app import handle_errors, main
 
-_TARGETS = ["hf-bf16", "hf-fp16", "compressed-tensors", "gguf"]
+
+def _targets() -> list[str]:
+    """The formats `--to` takes: the targets of convert's registry (click asks only when the
+    command runs or prints its help)."""
+    from quantize.convert.run import REGISTRY
+
+    return sorted({t.value for _, t in REGISTRY})
 
 
 @main.command("convert")
 @click.argument("src", type=click.Path(path_type=Path, exists=True))
-@click.option("--to", "to", type=click.Choice(_TARGETS), required=True,
+@click.option("--to", "to", type=click.Choice(_targets()), required=True,
               help="the format to write (hf-bf16 / hf-fp16: dense safetensors; "
                    "compressed-tensors: W4A16 from GPTQ/AWQ; gguf: llama.cpp)")
 @click.option("--out", "-o", type=click.Path(path_type=Path), required=True,

@@ -11,12 +11,8 @@ from typing import Any
 
 from quantize.convert.gguf_in import hf_config
 from quantize.convert.gguf_names import NameTable, hf_model_type, read_gguf
-from quantize.convert.produced import ModelFacts
+from quantize.convert.produced import ROPE_CONFIG_KEYS, ModelFacts
 
-# the config.json keys facts_hf reads rope facts from (quantize.convert.preserve._ROPE_KEYS;
-# repeated here because preserve imports this module)
-_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
-              "max_position_embeddings", "original_max_position_embeddings")
 _SPECIAL = {"bos_token_id": "bos", "eos_token_id": "eos", "pad_token_id": "padding",
             "unk_token_id": "unknown"}
 _NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.")
@@ -41,7 +37,7 @@ def facts_gguf(path: Path) -> ModelFacts:
     template = gf.metadata.get("tokenizer.chat_template")
     return ModelFacts(tensor_names=names,
                       tied_embeddings=all(t.name != "output.weight" for t in gf.tensors),
-                      rope={k: cfg[k] for k in _ROPE_KEYS if k in cfg},
+                      rope={k: cfg[k] for k in ROPE_CONFIG_KEYS if k in cfg},
                       chat_template=template if isinstance(template, str) else None,
                       special_tokens=special, vocab_size=config.vocab_size,
                       generation=generation, mtp_layers=max(declared, len(nextn)))

@@ -11,13 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantize.convert.produced import ModelFacts, Produced
+from quantize.convert.produced import ROPE_CONFIG_KEYS, ModelFacts, Produced
 from quantize.errors import NotImplementedFeature
 from quantize.model.formats import SIDE_SUFFIXES, folder_tensors, mtp_layer_names
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
-_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
-              "max_position_embeddings", "original_max_position_embeddings")
 _SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
 # why a source tensor may have no output and nothing is lost
 EXPECTED_DROPS = ("tied", "activation / KV-cache scale")
@@ -67,7 +65,7 @@ def chat_template(folder: Path) -> str | None:
 
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     sub = cfg.get("text_config")
-    return {**sub, **{k: v for k, v in cfg.items() if k in _ROPE_KEYS}} if \
+    return {**sub, **{k: v for k, v in cfg.items() if k in ROPE_CONFIG_KEYS}} if \
         isinstance(sub, dict) else cfg
 
 
@@ -104,7 +102,7 @@ def facts_hf(folder: Path) -> ModelFacts:
     special = {k: text.get(k, cfg.get(k)) for k in _SPECIAL}
     vocab = text.get("vocab_size")
     return ModelFacts(tensor_names=names, tied_embeddings=tied,
-                      rope={k: text[k] for k in _ROPE_KEYS if k in text},
+                      rope={k: text[k] for k in ROPE_CONFIG_KEYS if k in text},
                       chat_template=chat_template(folder), special_tokens=special,
                       vocab_size=vocab if isinstance(vocab, int) else None,
                       generation=gen, mtp_layers=max(int(configured), inferred))

@@ -7,6 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# the config keys a model's rope facts (ModelFacts.rope) are read from, on either side:
+# quantize.convert.preserve.facts_hf and quantize.convert.gguf_facts.facts_gguf
+ROPE_CONFIG_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
+                    "max_position_embeddings", "original_max_position_embeddings")
+
 
 @dataclass(frozen=True)
 class TensorCheck:

@@ -41,11 +41,11 @@ DENSE_DTYPE = {Format.HF_BF16: "bfloat16", Format.HF_FP16: "float16",
                Format.HF_FP32: "float32"}
 
 # `quantization_config.quant_method` values and the format each names
-METHOD_FORMAT = {"compressed-tensors": Format.COMPRESSED_TENSORS, "gptq": Format.GPTQ,
+METHOD_FORMAT = {Format.COMPRESSED_TENSORS.value: Format.COMPRESSED_TENSORS, "gptq": Format.GPTQ,
                  "awq": Format.AWQ, "fp8": Format.FP8_BLOCK, "modelopt": Format.MODELOPT}
 NATIVE_METHODS = ("gptq", "awq")
 # the methods the pipeline's readers (quantize.model.qconfig) parse; modelopt is only refused
-KNOWN_QUANT_METHODS = ("compressed-tensors", *NATIVE_METHODS, "fp8")
+KNOWN_QUANT_METHODS = (Format.COMPRESSED_TENSORS.value, *NATIVE_METHODS, "fp8")
 
 # compressed-tensors' per-group format strings (compressed_tensors.config.CompressionFormat)
 CT_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized",

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quantize.errors import ModelError
 from quantize.model.config import ModelConfig
-from quantize.model.formats import KNOWN_QUANT_METHODS, NATIVE_METHODS
+from quantize.model.formats import KNOWN_QUANT_METHODS, NATIVE_METHODS, Format
 from quantize.recipe.schemes import SCHEMES, Scheme, kernel_family
 
 # the method names are format facts (quantize.model.formats); re-exported for the readers here
@@ -235,7 +235,7 @@ class QuantConfig:
     def ct_version(self) -> str | None:
         """The compressed-tensors version stamped in a compressed-tensors config (`version`);
         None for other methods or when absent (the model card shows it)."""
-        version = self.version if self.method == "compressed-tensors" else None
+        version = self.version if self.method == Format.COMPRESSED_TENSORS else None
         return str(version) if version else None
 
 
@@ -294,7 +294,7 @@ def parse(raw: dict[str, Any]) -> QuantConfig:
     online = sorted({t.type for t in (qc.transform_config.config_groups.values()
                                       if qc.transform_config else ())
                      if any(a.location in ONLINE for a in t.apply)})
-    return QuantConfig("compressed-tensors", groups, tuple(qc.ignore or ()),
+    return QuantConfig(Format.COMPRESSED_TENSORS.value, groups, tuple(qc.ignore or ()),
                        Args.read(qc.kv_cache_scheme), qc.format, version=qc.version,
                        online_transforms=tuple(online))
 

@@ -1,7 +1,7 @@
 """The model a run reads: `--model some.gguf` or an FP8-block folder is converted to bf16
-safetensors first, once (not a stage of the run: the cache entry is shared by runs) (quantize.convert), into the cache keyed by the source,
-and the pipeline quantizes that folder. A second run with the same source finds the
-converted folder and starts at calibration; a converter that crashed resumes.
+safetensors first, once (quantize.convert), into the cache keyed by the source; it is not a
+stage of the run, since the cache entry is shared by runs. A second run with the same source
+finds the converted folder and starts at calibration; a converter that crashed resumes.
 
 The embedded default model keeps its own GGUF conversion (quantize.model.source), whose
 output the default model's tests pin file by file."""

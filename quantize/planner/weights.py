@@ -18,6 +18,7 @@ from typing import Any
 
 from quantize.errors import PlanError, QuantizeError
 from quantize.model.config import ModelConfig
+from quantize.model.formats import Format
 from quantize.model.moe import expert_linears
 from quantize.model.qconfig import (
     Args,
@@ -28,7 +29,7 @@ from quantize.model.qconfig import (
 from quantize.recipe.recipe import Recipe
 from quantize.recipe.schemes import SCHEMES
 
-SIZED_METHODS = ("fp8", "compressed-tensors")  # published formats the planner can size
+SIZED_METHODS = ("fp8", Format.COMPRESSED_TENSORS.value)  # published formats the planner can size
 
 
 @dataclass(frozen=True)

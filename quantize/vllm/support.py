@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from quantize.errors import VerifyError
 from quantize.model.config import ModelConfig, config_dtype, head_dim
+from quantize.model.formats import Format
 from quantize.model.qconfig import (
     NATIVE_METHODS,
     Group,
@@ -41,7 +42,8 @@ from quantize.model.qconfig import (
 from quantize.recipe.schemes import KERNELS, gpu_problem, rotation_problem
 from quantize.vllm.host import Host
 
-VERIFIED_METHODS = ("compressed-tensors", *NATIVE_METHODS)  # what the export stage writes
+# what the export stage writes
+VERIFIED_METHODS = (Format.COMPRESSED_TENSORS.value, *NATIVE_METHODS)
 
 
 

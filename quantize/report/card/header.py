@@ -8,6 +8,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCardData
 
+from quantize.model.formats import Format
 from quantize.report.card.inputs import CardInputs, CardMetric
 
 
@@ -43,7 +44,8 @@ def tags(inputs: CardInputs) -> list[str]:
     r, q = inputs.recipe, inputs.quant
     weights = q.groups[0].weights if q and q.groups else None
     bits = f"{weights.type}{weights.num_bits}" if weights else "int"
-    fmt = [r.method, r.backend] if inputs.native else ["compressed-tensors", "llmcompressor"]
+    fmt = [r.method, r.backend] if inputs.native else [Format.COMPRESSED_TENSORS.value,
+                                                       "llmcompressor"]
     out = ["quantized", r.scheme.lower().replace("_", "-"), bits, r.method, "vllm", *fmt,
            "quantize"]
     if r.kv_cache:

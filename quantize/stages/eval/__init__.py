@@ -18,6 +18,7 @@ from quantize.errors import EvalError, first_line
 from quantize.metrics.coverage import expert_coverage
 from quantize.model.config import ModelConfig, read_config, torch_dtype
 from quantize.model.decode import load_dequantized
+from quantize.model.formats import Format
 from quantize.model.moe import load_linearized, transformers_load_problem
 from quantize.model.qconfig import NATIVE_METHODS, quant_method
 from quantize.progress import info, step
@@ -119,9 +120,9 @@ def load_model(path: Path, device: str) -> tuple[Any, Any]:
     try:
         if method in NATIVE_METHODS:
             model = dense_native(path, config, device)
-        elif method == "compressed-tensors" and transformers_load_problem(config):
+        elif method == Format.COMPRESSED_TENSORS and transformers_load_problem(config):
             model = load_linearized(path, config).to(device)  # MoE: quantize/model/moe.py
-        elif method == "compressed-tensors":
+        elif method == Format.COMPRESSED_TENSORS:
             model = load_dequantized(path, dtype=dtype, device_map=device)
         else:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device)
