@@ -23,17 +23,15 @@ from quantize.run.files import free_bytes
 
 _HF_SOURCES = (*DENSE, *QUANTIZED_HF)
 # (source, target) -> "module:function"; imported only when used
+# the 16-bit dense targets every source converts to (hf-fp32 stays a source only)
+_DENSE_TARGETS = (Format.HF_BF16, Format.HF_FP16)
+_TO_DENSE = {Format.GGUF: "quantize.convert.gguf_in:gguf_to_hf",
+             Format.FP8_BLOCK: "quantize.convert.run:_fp8_dense",
+             Format.COMPRESSED_TENSORS: "quantize.convert.run:_ct_dense",
+             Format.GPTQ: "quantize.convert.run:_native_dense",
+             Format.AWQ: "quantize.convert.run:_native_dense"}
 REGISTRY: dict[tuple[Format, Format], str] = {
-    (Format.GGUF, Format.HF_BF16): "quantize.convert.gguf_in:gguf_to_hf",
-    (Format.GGUF, Format.HF_FP16): "quantize.convert.gguf_in:gguf_to_hf",
-    (Format.FP8_BLOCK, Format.HF_BF16): "quantize.convert.run:_fp8_dense",
-    (Format.FP8_BLOCK, Format.HF_FP16): "quantize.convert.run:_fp8_dense",
-    (Format.COMPRESSED_TENSORS, Format.HF_BF16): "quantize.convert.run:_ct_dense",
-    (Format.COMPRESSED_TENSORS, Format.HF_FP16): "quantize.convert.run:_ct_dense",
-    (Format.GPTQ, Format.HF_BF16): "quantize.convert.run:_native_dense",
-    (Format.GPTQ, Format.HF_FP16): "quantize.convert.run:_native_dense",
-    (Format.AWQ, Format.HF_BF16): "quantize.convert.run:_native_dense",
-    (Format.AWQ, Format.HF_FP16): "quantize.convert.run:_native_dense",
+    **{(s, t): fn for s, fn in _TO_DENSE.items() for t in _DENSE_TARGETS},
     (Format.GPTQ, Format.COMPRESSED_TENSORS): "quantize.convert.run:_native_ct",
     (Format.AWQ, Format.COMPRESSED_TENSORS): "quantize.convert.run:_native_ct",
     **{(s, Format.GGUF): "quantize.convert.run:_to_gguf" for s in _HF_SOURCES},
