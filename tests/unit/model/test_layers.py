@@ -18,7 +18,8 @@ LLAMA = ModelConfig.model_validate({
 
 
 def _recipe(**kw: object) -> Recipe:
-    base = {"name": "t", "description": "t", "method": "gptq", "scheme": "W4A16_ASYM", "ignore": ["lm_head"]}
+    base = {"name": "t", "description": "t", "method": "gptq", "scheme": "W4A16_ASYM",
+            "ignore": ["lm_head"]}
     return Recipe.model_validate(base | kw)
 
 
