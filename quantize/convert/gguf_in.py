@@ -155,15 +155,9 @@ def hf_tokenizer(gf: GgufFile) -> tuple[Any, list[str]]:
     add_space_prefix passed on), from the parsed metadata; then the file's special token ids,
     which the converter overrides by its own rules (SmolLM2: eos = bos, no pad). Returns the
     tokenizer and one note per special token changed."""
-    from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
-    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    from quantize.model.source import tokenizer_from_metadata
 
-    sections = {section: {name: gf.metadata[f"tokenizer.{key}"] for key, name in renames.items()
-                          if f"tokenizer.{key}" in gf.metadata}
-                for section, renames in GGUF_TOKENIZER_MAPPING.items()}
-    backend, extra = convert_gguf_tokenizer(hf_model_type(gf.arch), sections["tokenizer"])
-    extra["add_prefix_space"] = sections["tokenizer"].get("add_prefix_space", False)
-    tok = TokenizersBackend(tokenizer_object=backend, **sections["tokenizer_config"], **extra)
+    tok = tokenizer_from_metadata(gf.metadata, hf_model_type(gf.arch))
     notes = []
     for attr, key in (("bos_token", "bos"), ("eos_token", "eos"), ("pad_token", "padding"),
                       ("unk_token", "unknown")):

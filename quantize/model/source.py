@@ -343,18 +343,27 @@ def _converted(out: Path) -> bool:
 
 def gguf_tokenizer(gguf: Path) -> Any:
     """The tokenizer `AutoTokenizer.from_pretrained(gguf_file=)` builds, from the GGUF's
-    metadata alone (transformers' own GGUF_TOKENIZER_MAPPING and converter, the file's
-    add_space_prefix passed on, no tensor read): 1 s where from_pretrained parses the whole
-    file, 15 s on 2 cores (tests/integration/test_default_model.py holds the two equal)."""
-    from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+    metadata alone (no tensor read): 1 s where from_pretrained parses the whole file, 15 s on
+    2 cores (tests/integration/test_default_model.py holds the two equal)."""
     from transformers.integrations.gguf.reader import read_gguf_metadata
-    from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     meta, _ = read_gguf_metadata(str(gguf), ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"))
+    return tokenizer_from_metadata(meta, meta["general.architecture"])
+
+
+def tokenizer_from_metadata(meta: dict[str, Any], model_type: str) -> Any:
+    """transformers' GGUF tokenizer conversion as from_pretrained(gguf_file=) runs it
+    (GGUF_TOKENIZER_MAPPING sections, convert_gguf_tokenizer), on GGUF metadata keys; the one
+    home for it (quantize.convert.gguf_in builds its tokenizer with it too)."""
+    from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
     sections = {section: {name: meta[f"tokenizer.{key}"] for key, name in renames.items()
                           if f"tokenizer.{key}" in meta}
                 for section, renames in GGUF_TOKENIZER_MAPPING.items()}
-    backend, extra = convert_gguf_tokenizer(meta["general.architecture"], sections["tokenizer"])
+    backend, extra = convert_gguf_tokenizer(model_type, sections["tokenizer"])
+    # what transformers' GGUF load passes on: the file's add_space_prefix, not the converter's
+    # unset default
     extra["add_prefix_space"] = sections["tokenizer"].get("add_prefix_space", False)
     return TokenizersBackend(tokenizer_object=backend, **sections["tokenizer_config"], **extra)
 
